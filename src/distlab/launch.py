@@ -1,0 +1,212 @@
+"""Run a function or a lab script on N local ranks from a notebook, safely.
+
+    results = run_ranks(fn, nprocs=2)            # fn(*args) on every rank, results by rank
+    run_script("src/labs/lab1_single.py", ["--steps", "50"], nprocs=1)
+
+Underneath is PyTorch's own elastic launcher (what ``torchrun`` uses), with a c10d
+rendezvous on 127.0.0.1 and an OS-chosen free port, so two launches at once never
+collide. The launcher runs in a child process of its own session, which buys two things
+a notebook needs: a wall-clock ``timeout`` that kills every rank (a hung collective or an
+endless loop cannot hang the notebook), and functions defined in the notebook itself
+(they travel by value with cloudpickle). A rank that fails raises ``RankFailed`` here,
+naming the rank and carrying its error.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import cloudpickle
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LABS_DIR = REPO_ROOT / "src" / "labs"
+
+
+class RankFailed(RuntimeError):
+    """A rank raised or exited non-zero; ``rank`` and ``details`` say which and why."""
+
+    def __init__(self, rank: int, summary: str, details: str = ""):
+        super().__init__(f"rank {rank} failed: {summary}" + (f"\n{details}" if details else ""))
+        self.rank, self.summary, self.details = rank, summary, details
+
+
+class LaunchTimeout(TimeoutError):
+    """The ranks did not finish in time; every rank has been killed."""
+
+
+# ---------------------------------------------------------------- inside each rank
+def _rank_entry(fn_bytes: bytes, args: tuple, device_request: str, pg_timeout_s: float,
+                init_group: bool) -> Any:
+    """What every rank runs: join the process group, call the function, leave."""
+    import torch.distributed as dist
+
+    from distlab.runtime import init_distributed
+
+    fn = cloudpickle.loads(fn_bytes)
+    if not init_group:
+        return fn(*args)
+    init_distributed(device_request, timeout_s=pg_timeout_s)
+    try:
+        return fn(*args)
+    finally:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- the launcher child
+def _failure_report(err, log_dir: str) -> tuple[int, str, str]:
+    """(rank, one-line summary, details) of the rank that failed first: the root cause."""
+    rank, failure = err.get_first_failure()
+    message = (failure.error_file_data or {}).get("message", "")
+    summary, details = "", ""
+    if isinstance(message, dict):  # a function rank: elastic recorded its exception
+        summary = message.get("message", "").strip()
+        details = message.get("extraInfo", {}).get("py_callstack", "")
+    if not summary:  # a script that exited non-zero: the last lines of its stderr say why
+        summary = f"exit code {failure.exitcode}"
+        # one node, so the global rank is the local rank that names the log folder
+        logs = sorted(Path(log_dir).glob(f"*/attempt_*/{rank}/stderr.log"))
+        if logs:
+            lines = [ln for ln in logs[-1].read_text(errors="replace").splitlines() if ln.strip()]
+            if lines:
+                summary, details = lines[-1], "\n".join(lines[-20:])
+    return rank, summary.splitlines()[-1], details
+
+
+def _launcher_main(spec_path: str) -> None:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    spec = pickle.loads(Path(spec_path).read_bytes())
+    log_dir = tempfile.mkdtemp(prefix="distlab-logs-")
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=spec["nprocs"], run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",  # port 0: the OS picks a free one
+        rdzv_configs={"timeout": 60}, max_restarts=0, monitor_interval=0.5,
+        start_method="spawn", local_addr="127.0.0.1",
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL),
+        log_line_prefix_template="[rank${rank}] ", **spec["extra_config"],
+    )
+    try:
+        results = elastic_launch(config, spec["entrypoint"])(*spec["args"])
+        outcome = {"results": [results[r] for r in sorted(results)]}
+    except ChildFailedError as err:
+        outcome = {"failure": _failure_report(err, log_dir)}
+    Path(spec["result_path"]).write_bytes(pickle.dumps(outcome))
+
+
+# ---------------------------------------------------------------- in the notebook
+def _rank_env(nprocs: int, device: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if device in ("auto", "cpu") and "OMP_NUM_THREADS" not in os.environ:
+        # ranks that share the cores must not each start a thread per core (3x slower)
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
+    # the ranks import what the caller can import: a function from a module on the
+    # caller's path (a test file, say) is pickled by reference and must resolve there too
+    caller_path = [p or os.getcwd() for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "src"), *caller_path])
+    return env
+
+
+def _launch(entrypoint, args: tuple, nprocs: int, timeout: float, device: str,
+            quiet: bool, extra_config: dict | None = None) -> list:
+    if nprocs < 1:
+        raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+    with tempfile.TemporaryDirectory(prefix="distlab-launch-") as tmp:
+        spec_path, result_path = Path(tmp, "spec.pkl"), Path(tmp, "result.pkl")
+        spec_path.write_bytes(pickle.dumps({
+            "entrypoint": entrypoint, "args": args, "nprocs": nprocs,
+            "result_path": str(result_path), "extra_config": extra_config or {},
+        }))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"from distlab.launch import _launcher_main; _launcher_main({str(spec_path)!r})"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            env=_rank_env(nprocs, device), start_new_session=True,  # killpg reaches every rank
+        )
+        output: list[str] = []
+        muted = threading.Event()  # set once we kill the ranks: their dying words are noise
+        reader = threading.Thread(target=_pump, args=(proc.stdout, output, quiet, muted), daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            muted.set()
+            _kill_session(proc)
+            reader.join(5)
+            raise LaunchTimeout(f"{nprocs} rank(s) did not finish within {timeout:.0f} s; all were killed") from None
+        reader.join(5)
+        if not result_path.exists():
+            tail = "".join(output[-20:])
+            raise RankFailed(-1, f"the launcher exited with code {proc.returncode} before any result", tail)
+        outcome = pickle.loads(result_path.read_bytes())
+    if "failure" in outcome:
+        raise RankFailed(*outcome["failure"])
+    return outcome["results"]
+
+
+def _pump(stream, output: list[str], quiet: bool, muted: threading.Event) -> None:
+    for line in stream:
+        output.append(line)
+        if not (quiet or muted.is_set() or _AGENT_LOG.match(line)):
+            print(line, end="", flush=True)
+
+
+# the elastic agent's own log lines ("E1121 10:00:08.758000 2413 torch/...") repeat what
+# RankFailed already says; the ranks' lines carry a "[rankN] " prefix and are kept
+_AGENT_LOG = re.compile(r"[EWI]\d{4} \d\d:\d\d:\d\d")
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            time.sleep(0.2)  # let the ranks, not only the launcher, go
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the same session
+    except ProcessLookupError:
+        pass
+
+
+def run_ranks(fn: Callable, nprocs: int = 2, args: tuple = (), timeout: float = 120,
+              device: str = "auto", pg_timeout: float = 60, init_group: bool = True,
+              quiet: bool = False) -> list:
+    """Run ``fn(*args)`` on ``nprocs`` ranks; returns ``[result of rank 0, rank 1, ...]``.
+
+    Each rank has joined the default process group (gloo on CPU, NCCL on GPU, with a
+    ``pg_timeout`` second timeout) before ``fn`` runs, so ``fn`` can use
+    ``torch.distributed`` directly. Results must be picklable.
+    """
+    payload = (cloudpickle.dumps(fn), tuple(args), device, pg_timeout, init_group)
+    return _launch(_rank_entry, payload, nprocs, timeout, device, quiet)
+
+
+def run_script(script: str | os.PathLike, args: list[str] = (), nprocs: int = 1,
+               timeout: float = 600, device: str = "auto", quiet: bool = False) -> None:
+    """Run ``python script *args`` on ``nprocs`` ranks, as ``torchrun`` would.
+
+    A relative ``script`` is looked up from the repository root, so notebooks anywhere
+    can say ``run_script("src/labs/lab1_single.py", ...)``.
+    """
+    path = Path(script)
+    if not path.is_absolute():
+        path = REPO_ROOT / path
+    if not path.is_file():
+        raise FileNotFoundError(f"no script at {path}")
+    _launch(sys.executable, (str(path), *map(str, args)), nprocs, timeout, device, quiet)
+

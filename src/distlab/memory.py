@@ -1,0 +1,96 @@
+"""Where the bytes go: model state counted from tensors, activations counted as saved.
+
+Two kinds of memory in training:
+* model state (parameters, gradients, optimizer state) lives for the whole run;
+* activations, the tensors autograd saves in the forward pass for the backward pass,
+  live from a layer's forward to its backward.
+Both are counted here from the real tensors, and both have a formula to check against.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from distlab.model import GPTConfig
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    # FSDP2 parameters are DTensors: count only the shard this rank really holds
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _bytes(t: torch.Tensor) -> int:
+    t = _local(t)
+    return t.numel() * t.element_size()
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank holds in parameters, gradients and optimizer state, from the tensors."""
+    params = list(model.parameters())  # deduplicated: a tied matrix counts once
+    out = {
+        "params": sum(_bytes(p) for p in params),
+        "grads": sum(_bytes(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(
+            _bytes(v) for state in optimizer.state.values() for v in state.values()
+            if isinstance(v, torch.Tensor)
+        ),
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+def adamw_state_bytes_formula(n_params: int, n_tensors: int, bytes_per_el: int = 4) -> dict[str, int]:
+    """fp32 AdamW: weights 4N, gradients 4N, two moments 8N (16 bytes per parameter),
+    plus AdamW's 4-byte ``step`` counter per parameter tensor."""
+    out = {"params": bytes_per_el * n_params, "grads": bytes_per_el * n_params,
+           "optimizer": 2 * 4 * n_params + 4 * n_tensors}
+    out["total"] = sum(out.values())
+    return out
+
+
+def saved_activation_bytes(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor,
+                           autocast=None) -> int:
+    """Bytes autograd keeps from one forward pass for the backward pass.
+
+    Every tensor saved for backward passes through the pack hook; we count each
+    underlying storage once (q, k and v are views of one qkv output) and skip the
+    parameters, which are model state, not activations.
+    """
+    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in param_storages:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        if autocast is None:
+            model(idx, targets)
+        else:
+            with autocast:
+                model(idx, targets)
+    return sum(storages.values())
+
+
+def activation_bytes_formula(cfg: GPTConfig, batch: int, seq_len: int) -> dict[str, int]:
+    """Saved activations of ``GPT(cfg)`` in fp32, worked out tensor by tensor.
+
+    Per block, in units of B*T*C values: the LayerNorm 1 input (1), its output as the qkv
+    input (1), the qkv output that attention keeps as q, k, v (3), the attention output
+    (1; the head merge ``transpose(1, 2).contiguous()`` copies nothing, because the
+    fused attention kernel already lays its output out as (B, T, H, C/H)), the LayerNorm 2
+    input (1) and output (1), the MLP's hidden before GELU (4) and after it (4): 16 BTC.
+    Small terms: each LayerNorm's mean and 1/std (2BT each), attention's log-sum-exp
+    (B*H*T). Outside the blocks: the final LayerNorm's input, output and statistics
+    (2BTC + 2BT), the log-softmax of the logits (BTV), the int64 token ids, positions and
+    targets, and the loss's 4-byte weight sum.
+    """
+    B, T, C, V, H, L = batch, seq_len, cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.n_layer
+    fp32 = 4
+    per_block = fp32 * (16 * B * T * C + 2 * 2 * B * T + B * H * T)
+    head = fp32 * (2 * B * T * C + 2 * B * T + B * T * V)
+    ids = 8 * (B * T + T + B * T) + fp32
+    return {"blocks": L * per_block, "per_block": per_block, "outside_blocks": head + ids,
+            "total": L * per_block + head + ids}

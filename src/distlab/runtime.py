@@ -1,0 +1,71 @@
+"""Device, backend and dtype choices: the one place that knows about CPU vs GPU.
+
+Labs never name ``cpu``, ``cuda``, ``gloo`` or ``nccl`` themselves; they ask here, so the
+same script runs on a laptop's CPU ranks and on a GPU node unchanged.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from distlab.errors import UserError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
+    """``auto`` means this rank's GPU when there is one, else the CPU."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda was asked for, but no CUDA GPU is visible")
+        # one process per GPU: LOCAL_RANK picks this process's card
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if requested == "cpu":
+        return torch.device("cpu")
+    raise UserError(f"unknown device {requested!r}; choose auto, cpu or cuda")
+
+
+def backend_for(device: torch.device) -> str:
+    """NCCL moves GPU tensors between GPUs; gloo moves CPU tensors over TCP."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def autocast(device: torch.device, dtype: str):
+    """bf16 autocast for the forward pass, or nothing for fp32."""
+    if dtype == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+
+
+def dist_env() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) as torchrun sets them; (0, 0, 1) without torchrun."""
+    return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+            int(os.environ.get("WORLD_SIZE", 1)))
+
+
+def init_distributed(requested_device: str = "auto", timeout_s: float = 120.0):
+    """Join the process group torchrun described; returns rank, local_rank, world_size, device.
+
+    The timeout turns a rank that never arrives, or skips a collective, into an error
+    after ``timeout_s`` seconds instead of a hang.
+    """
+    rank, local_rank, world_size = dist_env()
+    device = pick_device(requested_device, local_rank)
+    dist.init_process_group(
+        backend_for(device), timeout=timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    return rank, local_rank, world_size, device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so wall-clock timings measure the work itself."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,182 @@
+"""Lab 1: the single-device reference. Every later lab must train exactly like this.
+
+Launch:
+    # CPU (or the GPU, when there is one), the tiny model in seconds
+    python src/labs/lab1_single.py --preset tiny --steps 50 --out runs/lab1
+    # the 10.77M-parameter model; bf16 autocast
+    python src/labs/lab1_single.py --preset shakespeare --steps 500 --dtype bf16
+    # force a device
+    python src/labs/lab1_single.py --device cpu
+    python src/labs/lab1_single.py --device cuda
+    # torchrun works too, with one process (later labs use more)
+    torchrun --standalone --nproc-per-node=1 src/labs/lab1_single.py --preset tiny
+
+It writes OUT/metrics.jsonl (one line per logged step) and OUT/summary.json.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm import tqdm
+
+from distlab.cli import parse_config, require_positive, run
+from distlab.data import TokenData, load_corpus
+from distlab.errors import UserError
+from distlab.flops import device_name, flops_per_token, measured_peak_flops
+from distlab.memory import state_bytes
+from distlab.metrics import RunLog
+from distlab.model import GPT, PRESETS, count_parameters, preset
+from distlab.runtime import DTYPES, autocast, pick_device, synchronize
+
+
+@dataclass
+class TrainConfig:
+    preset: str = "tiny"  # model size: tiny (seconds on a CPU) or shakespeare (10.77M params)
+    steps: int = 200  # optimizer steps
+    batch_size: int = 16  # global batch: sequences per optimizer step, all ranks together
+    lr: float = 1e-3  # peak learning rate, reached after warm-up
+    min_lr: float = 1e-4  # the cosine decay ends here
+    warmup_steps: int = 20  # linear warm-up from 0 to lr
+    weight_decay: float = 0.1  # AdamW decoupled weight decay, on matrices only
+    grad_clip: float = 1.0  # clip the global gradient norm to this (0 turns clipping off)
+    eval_every: int = 100  # validation loss every N steps, and always at the end
+    eval_batches: int = 8  # batches averaged into one validation loss
+    dtype: str = "fp32"  # fp32, or bf16 autocast (weights and optimizer stay fp32)
+    device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda
+    seed: int = 1337  # model initialisation and the order of batches
+    data: str = ""  # Tiny Shakespeare path; empty: $DISTLAB_DATA, the cache, a download
+    out: str = "runs/lab1"  # directory for metrics.jsonl and summary.json
+    sample_chars: int = 200  # characters to sample from the trained model (0: none)
+    progress: bool = True  # a progress bar on the main rank
+
+    def __post_init__(self):
+        require_positive(self, "steps", "batch_size", "eval_every", "eval_batches")
+        if self.preset not in PRESETS:
+            raise UserError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        if self.dtype not in DTYPES:
+            raise UserError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay from lr to min_lr over the remaining steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    # decay the matrices; leave biases and LayerNorm gains alone (as GPT-2 and nanoGPT do)
+    params = list(model.parameters())
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    # fused: one kernel for the whole update; measured ~5% faster per step than the
+    # default multi-tensor path on a 2-core CPU, and the faster path on GPUs too
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)
+
+
+@torch.no_grad()
+def evaluate(model, data, cfg, block_size, rank, world_size, device) -> float:
+    model.eval()
+    total = torch.zeros((), device=device)
+    for i in range(cfg.eval_batches):  # the same validation batches every time
+        x, y = data.batch("val", i, cfg.batch_size, block_size, cfg.seed, rank, world_size, device)
+        with autocast(device, cfg.dtype):
+            _, loss = model(x, y)
+        total += loss.float()
+    mean = total / cfg.eval_batches
+    model.train()
+    return mean.item()
+
+
+def main() -> None:
+    cfg = parse_config(TrainConfig, description=__doc__)
+    rank, local_rank, world_size = 0, 0, 1  # one process; later labs get these from torchrun
+    is_main = rank == 0
+    device = pick_device(cfg.device, local_rank)
+    torch.manual_seed(cfg.seed)
+
+    corpus = load_corpus(cfg.data or None)
+    data = TokenData(corpus)
+    model_cfg = preset(cfg.preset, vocab_size=data.tokenizer.vocab_size)
+    T = model_cfg.block_size
+    model = GPT(model_cfg, seed=cfg.seed).to(device)
+    optimizer = make_optimizer(model, cfg)
+    if is_main:
+        print(f"config: {asdict(cfg)}")
+        print(f"model: {count_parameters(model):,} parameters, data: {corpus.source}, device: {device}")
+
+    log = RunLog(cfg.out, enabled=is_main)
+    tokens_per_step = cfg.batch_size * T
+    timed_steps, timed_seconds = 0, 0.0
+    val_loss = float("nan")
+    # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line there
+    bar = tqdm(range(cfg.steps), disable=not (is_main and cfg.progress), desc="train",
+               mininterval=0.1 if sys.stderr.isatty() else 10)
+    for step in bar:
+        lr = lr_at(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        synchronize(device)
+        start = time.perf_counter()
+
+        # --- begin train step ---
+        x, y = data.batch("train", step, cfg.batch_size, T, cfg.seed, rank, world_size, device)
+        with autocast(device, cfg.dtype):
+            _, loss = model(x, y)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
+        optimizer.step()
+        if step == 0:  # every gradient and AdamW buffer exists now, and their sizes are fixed
+            state = state_bytes(model, optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        train_loss = loss.item()  # waits for the step to finish
+        # --- end train step ---
+
+        seconds = time.perf_counter() - start
+        if step >= 2 or cfg.steps <= 2:  # the first steps pay for allocation and warm-up
+            timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
+        if not math.isfinite(train_loss):
+            raise UserError(f"loss is {train_loss} at step {step}: training diverged (try a lower --lr)")
+        record = {"step": step, "loss": train_loss, "lr": lr, "grad_norm": grad_norm.item(),
+                  "tokens_per_s": tokens_per_step / seconds, "step_s": seconds}
+        if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
+            val_loss = evaluate(model, data, cfg, T, rank, world_size, device)
+            record["val_loss"] = val_loss
+        log.log(**record)
+        bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}")
+
+    tokens_per_s = tokens_per_step * timed_steps / timed_seconds
+    flops = flops_per_token(model_cfg) * tokens_per_s / world_size  # per device
+    peak = measured_peak_flops(device, DTYPES[cfg.dtype])
+    sample = ""
+    if is_main and cfg.sample_chars:
+        prompt = data.tokenizer.encode("\n").view(1, 1).to(device)
+        out = model.generate(prompt, cfg.sample_chars, generator=torch.Generator(device).manual_seed(cfg.seed))
+        sample = data.tokenizer.decode(out[0].tolist())
+        print(f"sample:\n{sample}")
+    summary = {
+        "lab": "lab1_single", "strategy": "single", "preset": cfg.preset, "dtype": cfg.dtype,
+        "device": str(device), "device_name": device_name(device), "world_size": world_size, "steps": cfg.steps,
+        "global_batch": cfg.batch_size, "tokens_per_step": tokens_per_step,
+        "tokens_per_s": tokens_per_s, "final_train_loss": train_loss, "final_val_loss": val_loss,
+        "parameters": count_parameters(model), "state_bytes_per_rank": state,
+        "flops_per_token": flops_per_token(model_cfg), "achieved_flops_per_s": flops,
+        "peak_flops_per_s": peak, "mfu": flops / peak, "data": corpus.source,
+        "torch": torch.__version__, "config": asdict(cfg), "sample": sample,
+    }
+    log.summary(**summary)
+    log.close()
+    if is_main:
+        print(f"tokens/s {tokens_per_s:,.0f}  MFU {flops / peak:.2f} of measured peak "
+              f"{peak / 1e9:,.0f} GFLOP/s  final loss {train_loss:.4f}  val {val_loss:.4f}")
+
+
+if __name__ == "__main__":
+    run(main, "lab1_single.py")

@@ -1,0 +1,31 @@
+"""Shared test set-up: the data file, an isolated cache, and how to run a lab."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _environment(tmp_path_factory):
+    """Tests read Tiny Shakespeare from the workspace copy when it exists (no network),
+    and keep their cache (peak FLOP/s, downloads) out of the user's home."""
+    if SHARED_DATA.exists() and "DISTLAB_DATA" not in os.environ:
+        os.environ["DISTLAB_DATA"] = str(SHARED_DATA)
+    os.environ["DISTLAB_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    yield
+
+
+def run_lab(script: str, *args, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``src/labs/<script>`` as a user would, in a subprocess; never raises on failure."""
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "src" / "labs" / script), *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+    )
