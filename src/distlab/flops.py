@@ -18,6 +18,9 @@ from distlab.data import cache_dir
 from distlab.model import GPTConfig
 
 
+FLOPS_FORMULA = "6 * (12*L*C^2 + V*C) + 12*L*C*T per token (6N for matmul weights, plus attention)"
+
+
 def matmul_parameters(cfg: GPTConfig) -> int:
     """Weights that multiply activations: 12 C^2 per block plus the (tied) LM head."""
     return cfg.n_layer * 12 * cfg.n_embd**2 + cfg.vocab_size * cfg.n_embd

@@ -19,6 +19,7 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -26,7 +27,7 @@ from tqdm import tqdm
 from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
 from distlab.errors import UserError
-from distlab.flops import device_name, flops_per_token, measured_peak_flops
+from distlab.flops import FLOPS_FORMULA, device_name, flops_per_token, measured_peak_flops
 from distlab.memory import state_bytes
 from distlab.metrics import RunLog
 from distlab.model import GPT, PRESETS, count_parameters, preset
@@ -158,18 +159,20 @@ def main() -> None:
     sample = ""
     if is_main and cfg.sample_chars:
         prompt = data.tokenizer.encode("\n").view(1, 1).to(device)
-        out = model.generate(prompt, cfg.sample_chars, generator=torch.Generator(device).manual_seed(cfg.seed))
+        gen = torch.Generator(device).manual_seed(cfg.seed)
+        out = model.generate(prompt, cfg.sample_chars, generator=gen)
         sample = data.tokenizer.decode(out[0].tolist())
         print(f"sample:\n{sample}")
     summary = {
-        "lab": "lab1_single", "strategy": "single", "preset": cfg.preset, "dtype": cfg.dtype,
-        "device": str(device), "device_name": device_name(device), "world_size": world_size, "steps": cfg.steps,
-        "global_batch": cfg.batch_size, "tokens_per_step": tokens_per_step,
-        "tokens_per_s": tokens_per_s, "final_train_loss": train_loss, "final_val_loss": val_loss,
+        "lab": Path(__file__).stem, "strategy": "single", "preset": cfg.preset,
+        "dtype": cfg.dtype, "device": str(device), "device_name": device_name(device),
+        "world_size": world_size, "steps": cfg.steps, "global_batch": cfg.batch_size,
+        "tokens_per_step": tokens_per_step, "tokens_per_s": tokens_per_s,
+        "final_train_loss": train_loss, "final_val_loss": val_loss,
         "parameters": count_parameters(model), "state_bytes_per_rank": state,
-        "flops_per_token": flops_per_token(model_cfg), "achieved_flops_per_s": flops,
-        "peak_flops_per_s": peak, "mfu": flops / peak, "data": corpus.source,
-        "torch": torch.__version__, "config": asdict(cfg), "sample": sample,
+        "flops_per_token": flops_per_token(model_cfg), "flops_formula": FLOPS_FORMULA,
+        "achieved_flops_per_s": flops, "peak_flops_per_s": peak, "mfu": flops / peak,
+        "data": corpus.source, "torch": torch.__version__, "config": asdict(cfg), "sample": sample,
     }
     log.summary(**summary)
     log.close()
