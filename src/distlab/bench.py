@@ -31,6 +31,20 @@ def _commit() -> str:
         return "unknown"
 
 
+def provenance(module: str, argv: list[str] | None) -> dict:
+    """Where and when a measurement was made, and the command that made it."""
+    from distlab.flops import device_name
+    from distlab.runtime import pick_device
+
+    command = " ".join(sys.argv[1:] if argv is None else map(str, argv))
+    return {
+        "machine": device_name(pick_device("auto")), "cpu_count": os.cpu_count(),
+        "platform": platform.platform(), "torch": torch.__version__, "commit": _commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": f"python -m {module} {command}".strip(),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="shakespeare", help="model preset (default: shakespeare)")
@@ -56,12 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs[dtype] = read_summary(run_dir)
 
     result = {
-        "provenance": {
-            "machine": sorted({s["device_name"] for s in runs.values()}),
-            "cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-            "commit": _commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": f"python -m distlab.bench {' '.join(argv) if argv is not None else ' '.join(sys.argv[1:])}",
-        },
+        "provenance": provenance("distlab.bench", argv),
         "runs": {dtype: {k: s[k] for k in ("preset", "dtype", "device", "global_batch", "steps", "tokens_per_s",
                                            "achieved_flops_per_s", "peak_flops_per_s", "mfu", "final_train_loss")}
                  for dtype, s in runs.items()},

@@ -17,6 +17,7 @@ import os
 import pickle
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,18 +45,33 @@ class LaunchTimeout(TimeoutError):
     """The ranks did not finish in time; every rank has been killed."""
 
 
+class PortInUse(OSError):
+    """The rendezvous port asked for is taken; nothing was started."""
+
+
+def _check_port_free(port: int) -> None:
+    # torchrun's c10d rendezvous on a port some other program listens on waits forever
+    # (measured with torch 2.13), so refuse up front with the cause
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            raise PortInUse(f"port {port} on 127.0.0.1 is already in use; pick another or omit it "
+                            "to let the OS choose a free one") from None
+
+
 # ---------------------------------------------------------------- inside each rank
 def _rank_entry(fn_bytes: bytes, args: tuple, device_request: str, pg_timeout_s: float,
                 init_group: bool) -> Any:
     """What every rank runs: join the process group, call the function, leave."""
     import torch.distributed as dist
 
-    from distlab.runtime import init_distributed
+    from distlab.runtime import dist_env, init_distributed, pick_device
 
     fn = cloudpickle.loads(fn_bytes)
     if not init_group:
         return fn(*args)
-    init_distributed(device_request, timeout_s=pg_timeout_s)
+    init_distributed(pick_device(device_request, dist_env()[1]), timeout_s=pg_timeout_s)
     try:
         return fn(*args)
     finally:
@@ -91,11 +107,11 @@ def _launcher_main(spec_path: str) -> None:
     log_dir = tempfile.mkdtemp(prefix="distlab-logs-")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=spec["nprocs"], run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",  # port 0: the OS picks a free one
+        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{spec['port']}",  # 0: the OS picks a free one
         rdzv_configs={"timeout": 60}, max_restarts=0, monitor_interval=0.5,
-        start_method="spawn", local_addr="127.0.0.1",
+        start_method="fork", local_addr="127.0.0.1",
         logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL),
-        log_line_prefix_template="[rank${rank}] ", **spec["extra_config"],
+        log_line_prefix_template="[rank${rank}] ",
     )
     try:
         results = elastic_launch(config, spec["entrypoint"])(*spec["args"])
@@ -119,14 +135,16 @@ def _rank_env(nprocs: int, device: str) -> dict[str, str]:
 
 
 def _launch(entrypoint, args: tuple, nprocs: int, timeout: float, device: str,
-            quiet: bool, extra_config: dict | None = None) -> list:
+            quiet: bool, port: int = 0) -> list:
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+    if port:
+        _check_port_free(port)
     with tempfile.TemporaryDirectory(prefix="distlab-launch-") as tmp:
         spec_path, result_path = Path(tmp, "spec.pkl"), Path(tmp, "result.pkl")
         spec_path.write_bytes(pickle.dumps({
             "entrypoint": entrypoint, "args": args, "nprocs": nprocs,
-            "result_path": str(result_path), "extra_config": extra_config or {},
+            "result_path": str(result_path), "port": port,
         }))
         proc = subprocess.Popen(
             [sys.executable, "-c", f"from distlab.launch import _launcher_main; _launcher_main({str(spec_path)!r})"],
@@ -197,16 +215,17 @@ def run_ranks(fn: Callable, nprocs: int = 2, args: tuple = (), timeout: float = 
 
 
 def run_script(script: str | os.PathLike, args: list[str] = (), nprocs: int = 1,
-               timeout: float = 600, device: str = "auto", quiet: bool = False) -> None:
+               timeout: float = 600, device: str = "auto", quiet: bool = False, port: int = 0) -> None:
     """Run ``python script *args`` on ``nprocs`` ranks, as ``torchrun`` would.
 
     A relative ``script`` is looked up from the repository root, so notebooks anywhere
-    can say ``run_script("src/labs/lab1_single.py", ...)``.
+    can say ``run_script("src/labs/lab1_single.py", ...)``. ``port`` 0 lets the OS pick a
+    free rendezvous port; a port that is taken raises ``PortInUse`` before anything starts.
     """
     path = Path(script)
     if not path.is_absolute():
         path = REPO_ROOT / path
     if not path.is_file():
         raise FileNotFoundError(f"no script at {path}")
-    _launch(sys.executable, (str(path), *map(str, args)), nprocs, timeout, device, quiet)
+    _launch(sys.executable, (str(path), *map(str, args)), nprocs, timeout, device, quiet, port)
 

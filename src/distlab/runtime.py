@@ -50,19 +50,19 @@ def dist_env() -> tuple[int, int, int]:
             int(os.environ.get("WORLD_SIZE", 1)))
 
 
-def init_distributed(requested_device: str = "auto", timeout_s: float = 120.0):
-    """Join the process group torchrun described; returns rank, local_rank, world_size, device.
+def init_distributed(device: torch.device, timeout_s: float = 120.0) -> None:
+    """Join the process group that torchrun (or our launcher) described in the environment.
 
-    The timeout turns a rank that never arrives, or skips a collective, into an error
-    after ``timeout_s`` seconds instead of a hang.
+    The timeout turns a rank that never arrives, or that skips a collective, into an
+    error after ``timeout_s`` seconds instead of a hang.
     """
-    rank, local_rank, world_size = dist_env()
-    device = pick_device(requested_device, local_rank)
+    options = {}
+    if "RANK" not in os.environ:  # started without torchrun: a group of one, no network
+        options = {"store": dist.HashStore(), "rank": 0, "world_size": 1}
     dist.init_process_group(
         backend_for(device), timeout=timedelta(seconds=timeout_s),
-        device_id=device if device.type == "cuda" else None,
+        device_id=device if device.type == "cuda" else None, **options,
     )
-    return rank, local_rank, world_size, device
 
 
 def synchronize(device: torch.device) -> None:

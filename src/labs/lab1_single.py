@@ -1,17 +1,13 @@
 """Lab 1: the single-device reference. Every later lab must train exactly like this.
 
-Launch:
-    # CPU (or the GPU, when there is one), the tiny model in seconds
+Launch (the GPU when there is one, else the CPU; --device cpu|cuda forces one):
     python src/labs/lab1_single.py --preset tiny --steps 50 --out runs/lab1
-    # the 10.77M-parameter model; bf16 autocast
     python src/labs/lab1_single.py --preset shakespeare --steps 500 --dtype bf16
-    # force a device
-    python src/labs/lab1_single.py --device cpu
-    python src/labs/lab1_single.py --device cuda
     # torchrun works too, with one process (later labs use more)
     torchrun --standalone --nproc-per-node=1 src/labs/lab1_single.py --preset tiny
 
-It writes OUT/metrics.jsonl (one line per logged step) and OUT/summary.json.
+It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the
+trained weights, OUT/model.pt.
 """
 from __future__ import annotations
 
@@ -50,7 +46,7 @@ class TrainConfig:
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda
     seed: int = 1337  # model initialisation and the order of batches
     data: str = ""  # Tiny Shakespeare path; empty: $DISTLAB_DATA, the cache, a download
-    out: str = "runs/lab1"  # directory for metrics.jsonl and summary.json
+    out: str = "runs/lab1"  # directory for metrics.jsonl, summary.json and model.pt
     sample_chars: int = 200  # characters to sample from the trained model (0: none)
     progress: bool = True  # a progress bar on the main rank
 
@@ -151,7 +147,7 @@ def main() -> None:
             val_loss = evaluate(model, data, cfg, T, rank, world_size, device)
             record["val_loss"] = val_loss
         log.log(**record)
-        bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}")
+        bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}", refresh=False)
 
     tokens_per_s = tokens_per_step * timed_steps / timed_seconds
     flops = flops_per_token(model_cfg) * tokens_per_s / world_size  # per device
@@ -177,9 +173,10 @@ def main() -> None:
     log.summary(**summary)
     log.close()
     if is_main:
+        torch.save(model.state_dict(), Path(cfg.out) / "model.pt")
         print(f"tokens/s {tokens_per_s:,.0f}  MFU {flops / peak:.2f} of measured peak "
               f"{peak / 1e9:,.0f} GFLOP/s  final loss {train_loss:.4f}  val {val_loss:.4f}")
 
 
 if __name__ == "__main__":
-    run(main, "lab1_single.py")
+    run(main, Path(__file__).name)

@@ -1,0 +1,193 @@
+"""Feeding the ranks: which samples each rank sees, and two ways to get them there.
+
+Two halves, both used by the chapter "Feeding the ranks" and checked by its tests:
+
+* ``DistributedSampler`` as it really behaves: ``sampler_epochs`` runs PyTorch's own
+  sampler for every rank (no process group needed: ``num_replicas`` and ``rank`` are
+  passed explicitly), and ``expected_shards`` is the same rule written out by hand, so a
+  test can hold the two against each other.
+* Two strategies for the book's token data, to compare by measurement on real ranks:
+  every rank cuts its own rows of the global batch (``own_shard``, what the labs do), or
+  rank 0 builds the whole global batch and scatters the rows (``scatter_from_rank0``).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data.distributed import DistributedSampler
+
+from distlab.data import TokenData, load_corpus
+
+
+# --------------------------------------------------------------- DistributedSampler
+@dataclass(frozen=True)
+class SamplerLayout:
+    per_rank: int  # indices each rank yields per epoch: len(sampler)
+    total: int  # per_rank * world_size: indices handed out per epoch, all ranks together
+    padded: int  # indices repeated to reach total (drop_last=False)
+    dropped: int  # indices left out of the epoch (drop_last=True)
+
+
+def expected_layout(n: int, world_size: int, drop_last: bool) -> SamplerLayout:
+    """The sizes DistributedSampler settles on, from the rule alone."""
+    if drop_last:
+        per_rank = n // world_size  # round down: the tail of the order is cut off
+    else:
+        per_rank = -(-n // world_size)  # round up: the order is padded from its start
+    total = per_rank * world_size
+    return SamplerLayout(per_rank, total, padded=max(0, total - n), dropped=max(0, n - total))
+
+
+def epoch_order(n: int, epoch: int, shuffle: bool = True, seed: int = 0) -> list[int]:
+    """The order all ranks agree on before sharding: a permutation seeded by seed + epoch."""
+    if not shuffle:
+        return list(range(n))
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
+def expected_shards(order: list[int], world_size: int, drop_last: bool) -> list[list[int]]:
+    """DistributedSampler's rule written out: pad or cut ``order``, then deal it out.
+
+    Without drop_last the order is padded by repeating it from its start (cycling when
+    more than len(order) are missing); with drop_last its tail is cut. Rank r then takes
+    positions r, r + N, r + 2N, ...: a strided deal, not a contiguous block.
+    """
+    layout = expected_layout(len(order), world_size, drop_last)
+    full = list(order)
+    while len(full) < layout.total:
+        full += order[: layout.total - len(full)]
+    full = full[: layout.total]
+    return [full[r::world_size] for r in range(world_size)]
+
+
+def sampler_epochs(n: int, world_size: int, epochs: int = 1, shuffle: bool = True,
+                   drop_last: bool = False, set_epoch: bool = True, seed: int = 0
+                   ) -> list[list[list[int]]]:
+    """``[epoch][rank] -> indices`` from PyTorch's DistributedSampler, one sampler per rank.
+
+    The samplers are made once and iterated once per epoch, as a training loop does;
+    ``set_epoch=False`` is the loop that forgets to call ``sampler.set_epoch(epoch)``.
+    """
+    dataset = range(n)  # the sampler only asks for len(dataset)
+    samplers = [DistributedSampler(dataset, num_replicas=world_size, rank=r, shuffle=shuffle,
+                                   seed=seed, drop_last=drop_last) for r in range(world_size)]
+    out = []
+    for epoch in range(epochs):
+        if set_epoch:
+            for s in samplers:
+                s.set_epoch(epoch)  # or every epoch replays the order of epoch 0
+        out.append([list(s) for s in samplers])
+    return out
+
+
+def visit_counts(shards: list[list[int]], n: int) -> list[int]:
+    """How many times each of the ``n`` samples appears in one epoch, all ranks together."""
+    counts = Counter(i for shard in shards for i in shard)
+    return [counts[i] for i in range(n)]
+
+
+# --------------------------------------------------------------- two ways to feed ranks
+# --- begin strategies ---
+def own_shard(data: TokenData, step: int, global_batch: int, block_size: int, seed: int,
+              rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank cuts its own rows: no communication, each rank needs the data."""
+    return data.batch("train", step, global_batch, block_size, seed, rank, world_size)
+
+
+def scatter_from_rank0(data: TokenData | None, step: int, global_batch: int, block_size: int,
+                       seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank 0 builds the global batch and sends each rank its rows; only rank 0 needs data."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if global_batch % world_size:
+        raise ValueError(f"global batch {global_batch} does not split over {world_size} ranks")
+    mine = torch.empty(2, global_batch // world_size, block_size, dtype=torch.long)  # (2, B/N, T)
+    chunks = None
+    if rank == 0:
+        x, y = data.global_windows("train", step, global_batch, block_size, seed)
+        # x and y in one message per rank; chunk r is rows [r*B/N, (r+1)*B/N), as in batch()
+        chunks = [c.contiguous() for c in torch.stack([x, y]).chunk(world_size, dim=1)]
+    dist.scatter(mine, chunks, src=0)  # rank 0 sends N-1 chunks and keeps its own
+    return mine[0], mine[1]
+# --- end strategies ---
+
+
+def both_strategies(steps: int = 3, global_batch: int = 16, block_size: int = 64,
+                    seed: int = 1337) -> list[tuple[torch.Tensor, ...]]:
+    """On every rank: ``[(x_own, y_own, x_scattered, y_scattered) for each step]``."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    data = TokenData(load_corpus())
+    out = []
+    for step in range(steps):
+        x_own, y_own = own_shard(data, step, global_batch, block_size, seed, rank, world_size)
+        x_sc, y_sc = scatter_from_rank0(data if rank == 0 else None, step, global_batch,
+                                        block_size, seed)
+        out.append((x_own, y_own, x_sc, y_sc))
+    return out
+
+
+def time_strategies(global_batches: tuple[int, ...] = (16, 64, 256), block_size: int = 256,
+                    batches: int = 30, warmup: int = 3, seed: int = 1337) -> dict:
+    """On every rank: seconds per batch of each strategy, ``{strategy: {B: [s, ...]}}``.
+
+    The strategies take turns batch by batch, so a noisy neighbour on a shared machine
+    slows both alike; a barrier before each batch lines the ranks up. A batch's time on a
+    rank runs from asking for it to holding its rows, waits included (under scatter,
+    rank 1 waits for rank 0 to build the batch: the cost of putting rank 0 on the path).
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    data = TokenData(load_corpus())
+    fetch = {
+        "own_shard": lambda s, B: own_shard(data, s, B, block_size, seed, rank, world_size),
+        "scatter": lambda s, B: scatter_from_rank0(data if rank == 0 else None, s, B,
+                                                   block_size, seed),
+    }
+    result: dict = {"rank": rank, "world_size": world_size, "block_size": block_size}
+    result.update({name: {B: [] for B in global_batches} for name in fetch})
+    for B in global_batches:
+        for step in range(warmup + batches):
+            for name, get in fetch.items():
+                dist.barrier()
+                start = time.perf_counter()
+                get(step, B)
+                if step >= warmup:
+                    result[name][B].append(time.perf_counter() - start)
+    dist.barrier()
+    return result
+
+
+# --------------------------------------------------------------- mp.spawn, watched
+def try_spawn(fn, args: tuple = (), nprocs: int = 2, timeout: float = 60.0) -> str:
+    """``mp.spawn(fn, args, nprocs)`` with a deadline; ``"ok"`` or the error, in one line.
+
+    The children's tracebacks (they write to the inherited stderr) are captured, and the
+    last line of them is returned with the parent's exception.
+    """
+    with tempfile.TemporaryFile() as err, contextlib.redirect_stderr(io.StringIO()):
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)  # the children inherit fd 2: their tracebacks land in err
+        try:
+            ctx = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+            deadline = time.monotonic() + timeout
+            while not ctx.join(timeout=1):
+                if time.monotonic() > deadline:
+                    for p in ctx.processes:
+                        p.kill()
+                    return f"timed out after {timeout:.0f} s; the children were killed"
+            return "ok"
+        except Exception as exc:  # noqa: BLE001 -- reported, not handled
+            err.seek(0)
+            lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+            child = f"; a child said: {lines[-1].strip()}" if lines else ""
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0]}{child}"
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
