@@ -13,8 +13,8 @@ Each wrapper is used like torch's DDP, plus one call after ``loss.backward()``:
     whole backward pass, one small message per tensor.
 (b) HookDDP: a hook on every parameter all-reduces its gradient the moment autograd has
     finished accumulating it, during the backward pass.
-(c) BucketedDDP: gradients are packed into ~25 MB buckets in reverse parameter order
-    (roughly the order backward produces them); a full bucket is all-reduced
+(c) BucketedDDP: gradients are packed into ~25 MB buckets (the first one 1 MB) in reverse
+    parameter order (roughly the order backward produces them); a full bucket is all-reduced
     asynchronously while backward goes on, and we wait only before the optimizer step.
     This is what torch DDP's C++ Reducer does.
 """
@@ -91,10 +91,11 @@ class _Bucket:
 class BucketedDDP(_DataParallelBase):
     """(c) Buckets in reverse order, each all-reduced asynchronously once it is full."""
 
-    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0):
+    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0):
         super().__init__(module)
         params = [p for p in module.parameters() if p.requires_grad]
-        cap = bucket_cap_mb * 2**20
+        # as torch DDP does: a small first bucket, so communication starts early in backward
+        cap = min(first_bucket_mb, bucket_cap_mb) * 2**20
         self.buckets: list[_Bucket] = []
         current, size = [], 0
         for p in reversed(params):  # backward meets the last layers first
@@ -102,7 +103,7 @@ class BucketedDDP(_DataParallelBase):
             size += p.numel() * p.element_size()
             if size >= cap:
                 self.buckets.append(_Bucket(current))
-                current, size = [], 0
+                current, size, cap = [], 0, bucket_cap_mb * 2**20
         if current:
             self.buckets.append(_Bucket(current))
         self.bucket_of = {p: b for b in self.buckets for p in b.params}

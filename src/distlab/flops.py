@@ -87,7 +87,7 @@ def measured_peak_flops(device: torch.device, dtype: torch.dtype, refresh: bool 
     n, repeats = (8192, 20) if device.type == "cuda" else (2048, 5)
     probe = _time_matmul(device, dtype, 512, 1)
     if 2 * n**3 / probe > 2.0:  # seconds per call at the probe's rate
-        n = 512
+        n, repeats = 1024, 1  # a slow path: small matmuls under-state even its peak
     peak = max(probe, _time_matmul(device, dtype, n, repeats))
     cache[key] = peak
     try:
