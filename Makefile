@@ -30,7 +30,7 @@ book: $(STAMP)
 	@echo "The book is in _build/html/index.html"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -v
+	$(BIN)/python -m pytest -v --durations=15
 
 # Re-resolve requirements.in into the pinned requirements.txt.
 lock: $(STAMP)
