@@ -85,7 +85,8 @@ def _failure_report(err, log_dir: str) -> tuple[int, str, str]:
     message = (failure.error_file_data or {}).get("message", "")
     summary, details = "", ""
     if isinstance(message, dict):  # a function rank: elastic recorded its exception
-        summary = message.get("message", "").strip()
+        # "ExcType: first line of its message" names the cause; the rest is in details
+        summary = next(iter(message.get("message", "").strip().splitlines()), "")
         details = message.get("extraInfo", {}).get("py_callstack", "")
     if not summary:  # a script that exited non-zero: the last lines of its stderr say why
         summary = f"exit code {failure.exitcode}"
@@ -95,7 +96,7 @@ def _failure_report(err, log_dir: str) -> tuple[int, str, str]:
             lines = [ln for ln in logs[-1].read_text(errors="replace").splitlines() if ln.strip()]
             if lines:
                 summary, details = lines[-1], "\n".join(lines[-20:])
-    return rank, summary.splitlines()[-1], details
+    return rank, summary, details
 
 
 def _launcher_main(spec_path: str) -> None:
