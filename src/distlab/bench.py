@@ -24,9 +24,13 @@ from distlab.metrics import read_summary
 
 
 def _commit() -> str:
+    """The commit measured; "+dirty" when tracked files had uncommitted changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
