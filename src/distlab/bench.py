@@ -19,8 +19,10 @@ from pathlib import Path
 
 import torch
 
+from distlab.flops import device_name
 from distlab.launch import REPO_ROOT, run_script
 from distlab.metrics import read_summary
+from distlab.runtime import pick_device
 
 
 def _commit() -> str:
@@ -37,9 +39,6 @@ def _commit() -> str:
 
 def provenance(module: str, argv: list[str] | None) -> dict:
     """Where and when a measurement was made, and the command that made it."""
-    from distlab.flops import device_name
-    from distlab.runtime import pick_device
-
     command = " ".join(sys.argv[1:] if argv is None else map(str, argv))
     return {
         "machine": device_name(pick_device("auto")), "cpu_count": os.cpu_count(),

@@ -30,19 +30,20 @@ def _world() -> tuple[int, int, int]:
     return 0, 0, 1
 
 
-def build(kind: str, preset_name: str, seed: int, bucket_cap_mb: float, vocab_size: int):
+def _setup(kind: str, preset_name: str, seed: int, bucket_cap_mb: float):
+    """This rank's data, wrapped model and device, and the sequence length."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
-    rank, local_rank, world_size = _world()
-    device = pick_device("auto", local_rank)
-    model = GPT(preset(preset_name, vocab_size=vocab_size), seed=seed).to(device)
+    data = TokenData(load_corpus())
+    device = pick_device("auto", _world()[1])
+    model = GPT(preset(preset_name, vocab_size=data.tokenizer.vocab_size), seed=seed).to(device)
     if kind == "torch":
         model = apply_ddp(model, device, bucket_cap_mb=bucket_cap_mb)
     elif kind == "bucketed":
         model = WRAPPERS[kind](model, bucket_cap_mb=bucket_cap_mb)
     elif kind != "single":
         model = WRAPPERS[kind](model)
-    return model, device
+    return data, model, device, preset(preset_name).block_size
 
 
 def _finish(model) -> None:
@@ -54,10 +55,8 @@ def train_steps(kind: str, preset_name: str = "tiny", steps: int = 10, global_ba
                 seed: int = 1337, bucket_cap_mb: float = 25.0, lr: float = 1e-3) -> dict:
     """``steps`` AdamW steps; returns the global mean loss of each step and its seconds."""
     rank, _, world_size = _world()
-    data = TokenData(load_corpus())
-    model, device = build(kind, preset_name, seed, bucket_cap_mb, data.tokenizer.vocab_size)
+    data, model, device, T = _setup(kind, preset_name, seed, bucket_cap_mb)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
-    T = preset(preset_name).block_size
     losses, seconds = [], []
     for step in range(steps):
         synchronize(device)
@@ -81,9 +80,7 @@ def gradients(kind: str, preset_name: str = "tiny", global_batch: int = 16, seed
               bucket_cap_mb: float = 25.0) -> list[torch.Tensor]:
     """Every parameter's gradient after one forward/backward and the gradient sync."""
     rank, _, world_size = _world()
-    data = TokenData(load_corpus())
-    model, device = build(kind, preset_name, seed, bucket_cap_mb, data.tokenizer.vocab_size)
-    T = preset(preset_name).block_size
+    data, model, device, T = _setup(kind, preset_name, seed, bucket_cap_mb)
     x, y = data.batch("train", 0, global_batch, T, seed, rank, world_size, device)
     model(x, y)[1].backward()
     _finish(model)
