@@ -29,3 +29,17 @@ def run_lab(script: str, *args, env: dict | None = None, timeout: float = 300) -
         [sys.executable, str(REPO_ROOT / "src" / "labs" / script), *map(str, args)],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
     )
+
+
+@pytest.fixture(scope="session")
+def built_book(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The README's book command, strict (`jupyter-book build book -W -n --keep-going`), run
+    once per session: it executes every notebook, and the notebook tests read what it ran.
+    Returns the finished process and the build folder (holding html/ and jupyter_execute/)."""
+    out = tmp_path_factory.mktemp("book")
+    jupyter_book = Path(sys.executable).parent / "jupyter-book"
+    proc = subprocess.run(
+        [str(jupyter_book), "build", "book", "-W", "-n", "--keep-going", "--path-output", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800,
+    )
+    return proc, out / "_build"

@@ -1,0 +1,156 @@
+"""``nn.DataParallel`` from scratch: one process, a replica per device, a thread per replica.
+
+One forward of ``ScratchDataParallel`` makes the same four calls as ``nn.DataParallel``
+(``torch.nn.parallel`` has the real ones, which refuse CPU tensors):
+
+    inputs   = scatter(batch, devices)           # 1. split the batch along dim 0
+    replicas = replicate(module, devices)        # 2. copy the module, at every step
+    outputs  = parallel_apply(replicas, inputs)  # 3. one Python thread per replica
+    output   = gather(outputs, devices[0])       # 4. concatenate onto the first device
+
+Backward needs no code of its own: a replica's parameters are differentiable copies of the
+original parameters, so autograd sums every replica's gradient into the original ``.grad``.
+The devices may all be the CPU (replicas then share the cores) or several GPUs.
+
+    dp = ScratchDataParallel(model, [torch.device("cpu")] * 2)
+    logits, losses = dp(x, y)      # losses: one mean loss per replica
+    losses.mean().backward()       # gradients land in model.parameters()
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+
+@dataclass
+class Span:
+    """One timed piece of a step: what ran, on which thread, from when to when (seconds)."""
+    lane: str
+    phase: str
+    start: float
+    end: float
+
+
+@contextmanager
+def _timed(trace: list[Span] | None, lane: str, phase: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if trace is not None:
+            trace.append(Span(lane, phase, start, time.perf_counter()))
+
+
+def scatter(inputs: tuple[torch.Tensor, ...], devices: list[torch.device]) -> list[tuple[torch.Tensor, ...]]:
+    """Chunk every input along dim 0 and send chunk i to ``devices[i]``.
+
+    Chunks follow ``torch.chunk``, as torch's scatter does: ceil(B / n) rows each, so the
+    last chunk can be smaller, and a batch shorter than the device list gives fewer chunks.
+    """
+    chunked = [t.chunk(len(devices)) for t in inputs]
+    n = min(len(c) for c in chunked)
+    return [tuple(c[i].to(devices[i]) for c in chunked) for i in range(n)]
+
+
+def replicate(module: nn.Module, devices: list[torch.device]) -> list[nn.Module]:
+    """One shallow copy of ``module`` per device, holding differentiable copies of its parameters.
+
+    Each module object is copied (a new ``__dict__``, so replicas can run in threads without
+    sharing state), and each parameter becomes ``p.to(device, copy=True)``: a new tensor whose
+    gradient autograd routes back to ``p``. Tied parameters are copied once, so they stay tied.
+    Buffers are moved, not copied, as in torch's ``replicate`` (only the original's are updated).
+    """
+    return [_replica(module, device) for device in devices]
+
+
+def _replica(module: nn.Module, device: torch.device) -> nn.Module:
+    params = {p: p.to(device, copy=True) for p in module.parameters()}  # dedups tied weights
+    copies = {}
+    for m in module.modules():
+        copy = m.__new__(type(m))
+        copy.__dict__ = m.__dict__.copy()
+        copies[m] = copy
+    for m, copy in copies.items():
+        copy._modules = {k: None if v is None else copies[v] for k, v in m._modules.items()}
+        copy._parameters = {k: None if p is None else params[p] for k, p in m._parameters.items()}
+        copy._buffers = {k: None if b is None else b.to(device) for k, b in m._buffers.items()}
+    return copies[module]
+
+
+def parallel_apply(replicas: list[nn.Module], inputs: list[tuple], trace: list[Span] | None = None) -> list:
+    """Run ``replicas[i](*inputs[i])`` in one thread each; return the outputs in order.
+
+    Grad mode and autocast are thread-local in PyTorch, so each thread re-enters the caller's
+    (torch's ``parallel_apply`` does the same). An exception in a thread is raised here.
+    """
+    grad_enabled = torch.is_grad_enabled()
+    device_type = inputs[0][0].device.type
+    autocast = dict(device_type=device_type, enabled=torch.is_autocast_enabled(device_type),
+                    dtype=torch.get_autocast_dtype(device_type))
+    results: list = [None] * len(replicas)
+
+    def work(i: int) -> None:
+        try:
+            with torch.set_grad_enabled(grad_enabled), torch.autocast(**autocast), \
+                    _timed(trace, f"thread {i}", "forward"):
+                results[i] = replicas[i](*inputs[i])
+        except BaseException as e:  # re-raised by the caller, with the replica named
+            results[i] = e
+
+    threads = [threading.Thread(target=work, args=(i,), name=f"replica-{i}") for i in range(len(replicas))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, r in enumerate(results):
+        if isinstance(r, BaseException):
+            raise RuntimeError(f"replica {i} failed: {type(r).__name__}: {r}") from r
+    return results
+
+
+def gather(outputs: list, device: torch.device):
+    """Concatenate the replicas' outputs along dim 0 on ``device``, element by element.
+
+    Scalars (a replica's mean loss) cannot be concatenated; like torch's gather, they are
+    stacked into a vector with one entry per replica, which the caller reduces.
+    """
+    first = outputs[0]
+    if isinstance(first, torch.Tensor):
+        moved = [o.to(device) for o in outputs]
+        return torch.stack(moved) if first.dim() == 0 else torch.cat(moved)
+    if first is None:
+        return None
+    return type(first)(gather([o[i] for o in outputs], device) for i in range(len(first)))
+
+
+class ScratchDataParallel(nn.Module):
+    """``nn.DataParallel`` rebuilt from ``scatter``, ``replicate``, ``parallel_apply``, ``gather``.
+
+    ``module`` must live on ``devices[0]``; the optimizer steps ``module.parameters()``.
+    Set ``trace`` to a list to record a ``Span`` for each phase of the next forwards.
+    """
+
+    def __init__(self, module: nn.Module, devices: list[torch.device]):
+        super().__init__()
+        if not devices:
+            raise ValueError("ScratchDataParallel needs at least one device")
+        self.module = module
+        self.devices = [torch.device(d) for d in devices]
+        self.trace: list[Span] | None = None
+
+    def forward(self, *inputs: torch.Tensor):
+        with _timed(self.trace, "main", "scatter"):
+            chunks = scatter(inputs, self.devices)
+        if len(chunks) == 1:  # one device (or a one-row batch): nothing to parallelise
+            return self.module(*chunks[0])
+        with _timed(self.trace, "main", "replicate"):
+            replicas = replicate(self.module, self.devices[:len(chunks)])
+        with _timed(self.trace, "main", "threads"):
+            outputs = parallel_apply(replicas, chunks, self.trace)
+        with _timed(self.trace, "main", "gather"):
+            return gather(outputs, self.devices[0])
