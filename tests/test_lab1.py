@@ -63,7 +63,7 @@ def test_progress_and_results_are_printed(tiny_run):
 
 @pytest.mark.parametrize("args,message", [
     (["--preset", "huge"], "unknown preset 'huge'"),
-    (["--steps", "0"], "--steps must be positive"),
+    (["--steps", "-1"], "--steps must be 0 or more"),
     (["--batch-size", "-4"], "--batch-size must be positive"),
     (["--steps", "many"], "invalid int value"),
     (["--dtype", "fp8"], "unknown dtype"),

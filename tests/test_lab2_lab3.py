@@ -88,6 +88,7 @@ def test_a_taken_port_is_refused_before_anything_starts():
 def test_lab_diffs_stay_small():
     """Each lab is the previous one plus one feature: the book shows the real diff, which
     must stay readable (STYLE: about 40 changed lines per step)."""
-    for old, new in [("lab1_single.py", "lab2_ddp.py"), ("lab2_ddp.py", "lab3_grad_accum.py")]:
+    for old, new in [("lab1_single.py", "lab2_ddp.py"), ("lab2_ddp.py", "lab3_grad_accum.py"),
+                     ("lab3_grad_accum.py", "lab4_fsdp2.py")]:
         removed, added = changed_lines(old, new)
         assert removed + added <= 50, f"{old} -> {new}: {removed} removed, {added} added"

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from distlab.checkpoint import load_plain_weights
 from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
 from distlab.errors import UserError
@@ -51,13 +52,16 @@ class TrainConfig:
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda
     seed: int = 1337  # model initialisation and the order of batches
     data: str = ""  # Tiny Shakespeare path; empty: $DISTLAB_DATA, the cache, a download
+    init_from: str = ""  # start from these weights: a plain model.pt (lab outputs, or a converted checkpoint)
     out: str = "runs/lab2"  # directory for metrics.jsonl, summary.json and model.pt
     sample_chars: int = 200  # characters to sample from the trained model (0: none)
     timeout_s: float = 120.0  # a collective that waits longer than this fails instead of hanging
     progress: bool = True  # a progress bar on the main rank
 
     def __post_init__(self):
-        require_positive(self, "steps", "batch_size", "eval_every", "eval_batches")
+        require_positive(self, "batch_size", "eval_every", "eval_batches")
+        if self.steps < 0:  # 0 is allowed: evaluate and sample the initial (or --init-from) weights
+            raise UserError(f"--steps must be 0 or more, got {self.steps}")
         if self.preset not in PRESETS:
             raise UserError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
         if self.dtype not in DTYPES:
@@ -114,6 +118,8 @@ def main() -> None:
     model_cfg = preset(cfg.preset, vocab_size=data.tokenizer.vocab_size)
     T = model_cfg.block_size
     model = GPT(model_cfg, seed=cfg.seed).to(device)
+    if cfg.init_from:  # before any wrapper, while the keys and shapes are the plain model's
+        load_plain_weights(model, cfg.init_from)
     model = apply_ddp(model, device)  # move first, then wrap; rank 0's weights are broadcast
     optimizer = make_optimizer(model, cfg)
     if is_main:
@@ -123,7 +129,8 @@ def main() -> None:
     log = RunLog(cfg.out, enabled=is_main)
     tokens_per_step = cfg.batch_size * T
     timed_steps, timed_seconds = 0, 0.0
-    val_loss = float("nan")
+    train_loss = val_loss = float("nan")  # stay nan if no step runs (--steps 0)
+    state = {}  # bytes of parameters, gradients and optimizer state, after the first step
     # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line there
     bar = tqdm(range(cfg.steps), disable=not (is_main and cfg.progress), desc="train",
                mininterval=0.1 if sys.stderr.isatty() else 10)
@@ -141,7 +148,7 @@ def main() -> None:
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
         optimizer.step()
-        if step == 0:  # every gradient and AdamW buffer exists now, and their sizes are fixed
+        if not state:  # every gradient and AdamW buffer exists now, and their sizes are fixed
             state = state_bytes(model, optimizer)
         optimizer.zero_grad(set_to_none=True)
         mean_loss = loss.detach().clone()
@@ -162,7 +169,9 @@ def main() -> None:
         log.log(**record)
         bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}", refresh=False)
 
-    tokens_per_s = tokens_per_step * timed_steps / timed_seconds
+    if math.isnan(val_loss):  # no step ran (--steps 0): evaluate the weights we started from
+        val_loss = evaluate(model, data, cfg, T, rank, world_size, device)
+    tokens_per_s = tokens_per_step * timed_steps / (timed_seconds or math.nan)  # nan if no step ran
     flops = flops_per_token(model_cfg) * tokens_per_s / world_size  # per device
     peak = measured_peak_flops(device, DTYPES[cfg.dtype])
     sample = ""
