@@ -7,7 +7,8 @@ same batches; each run reports the bytes of parameters, gradients and AdamW stat
 holds (counted from the tensors), the peak bytes PyTorch's memory tracker saw in one step,
 tokens/s and the losses. FSDP2 with bf16 compute (``--bf16-steps`` steps, at the first
 world size) is measured beside fp32. Results go to ``--out`` (default
-``results/fsdp_bench.json``) with their provenance; the FSDP2 chapter reads that file.
+``results/fsdp_bench.json``) with their provenance; the FSDP2 chapter reads
+``results/fsdp_bench_batch16.json`` and ``results/fsdp_bench_batch64.json``.
 """
 from __future__ import annotations
 
