@@ -37,6 +37,15 @@ def _commit() -> str:
         return "unknown"
 
 
+def write_result(result: dict, path: str | Path) -> Path:
+    """Write a benchmark's result (with its provenance) as indented JSON, and say where."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written: {path}")
+    return path
+
+
 def provenance(module: str, argv: list[str] | None) -> dict:
     """Where and when a measurement was made, and the command that made it."""
     command = " ".join(sys.argv[1:] if argv is None else map(str, argv))
@@ -90,9 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
         if runs["bf16"]["peak_flops_per_s"] < runs["fp32"]["peak_flops_per_s"]:
             print("note: this device's bf16 matmul peak is below its fp32 peak: it has no native bf16 "
                   "arithmetic (on CPUs: no AVX512-BF16 or AMX), so bf16 cannot be faster here")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written: {out / 'bench.json'}")
+    write_result(result, out / "bench.json")
     return result
 
 

@@ -12,11 +12,9 @@ DDP chapter reads that file instead of re-running minutes of benchmarks at every
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
-from pathlib import Path
 
-from distlab.bench import provenance
+from distlab.bench import provenance, write_result
 from distlab.ddp_compare import train_steps
 from distlab.launch import REPO_ROOT, run_ranks, run_script
 from distlab.metrics import read_summary
@@ -79,10 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     for name, ratio in result["ratios"].items():
         print(f"  {name:26} {ratio:.3f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written: {out}")
+    write_result(result, args.out)
     return result
 
 

@@ -13,11 +13,9 @@ world size) is measured beside fp32. Results go to ``--out`` (default
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from pathlib import Path
 
-from distlab.bench import provenance
+from distlab.bench import provenance, write_result
 from distlab.fsdp_inspect import train
 from distlab.launch import REPO_ROOT, run_ranks
 from distlab.model import preset as model_preset
@@ -29,12 +27,8 @@ def measure(strategy: str, nprocs: int, preset: str, batch: int, steps: int) -> 
     step_s = [max(s) for s in zip(*(r["step_s"] for r in ranks))]  # a step ends when its slowest rank does
     timed = step_s[2:] or step_s
     return {"strategy": strategy, "world_size": nprocs, "losses": ranks[0]["losses"],
-            "tokens_per_s": batch * _block(preset) / statistics.median(timed),
+            "tokens_per_s": batch * model_preset(preset).block_size / statistics.median(timed),
             "state_per_rank": [r["state"] for r in ranks], "peak_per_rank": [r["peak"] for r in ranks]}
-
-
-def _block(preset_name: str) -> int:
-    return model_preset(preset_name).block_size
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -60,10 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
         state = max(s["total"] for s in r["state_per_rank"])
         print(f"{strategy:18} {n} ranks  {r['tokens_per_s']:9,.0f} tokens/s  state/rank {state / 1e6:7.1f} MB",
               flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written: {out}")
+    write_result(result, args.out)
     return result
 
 

@@ -46,6 +46,11 @@ def _timed(trace: list[Span] | None, lane: str, phase: str):
             trace.append(Span(lane, phase, start, time.perf_counter()))
 
 
+def replica_devices(device: torch.device, n: int) -> list[torch.device]:
+    """``n`` devices for the replicas: the CPU ``n`` times (replicas share its cores), or GPUs 0..n-1."""
+    return [device] * n if device.type == "cpu" else [torch.device(device.type, i) for i in range(n)]
+
+
 def scatter(inputs: tuple[torch.Tensor, ...], devices: list[torch.device]) -> list[tuple[torch.Tensor, ...]]:
     """Chunk every input along dim 0 and send chunk i to ``devices[i]``.
 
@@ -143,6 +148,9 @@ class ScratchDataParallel(nn.Module):
         self.devices = [torch.device(d) for d in devices]
         self.trace: list[Span] | None = None
 
+    def apply(self, replicas: list[nn.Module], chunks: list[tuple]) -> list:
+        return parallel_apply(replicas, chunks, self.trace)
+
     def forward(self, *inputs: torch.Tensor):
         with _timed(self.trace, "main", "scatter"):
             chunks = scatter(inputs, self.devices)
@@ -151,6 +159,6 @@ class ScratchDataParallel(nn.Module):
         with _timed(self.trace, "main", "replicate"):
             replicas = replicate(self.module, self.devices[:len(chunks)])
         with _timed(self.trace, "main", "threads"):
-            outputs = parallel_apply(replicas, chunks, self.trace)
+            outputs = self.apply(replicas, chunks)
         with _timed(self.trace, "main", "gather"):
             return gather(outputs, self.devices[0])

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from distlab.data import TokenData, load_corpus
-from distlab.data_parallel import ScratchDataParallel, Span, _timed, gather, replicate, scatter
+from distlab.data_parallel import ScratchDataParallel, Span, _timed, gather, replica_devices, replicate, scatter
 from distlab.model import GPT, preset
 from distlab.runtime import pick_device, synchronize
 
@@ -28,17 +28,12 @@ KINDS = ("plain", "nn.DataParallel", "scratch", "scratch, no threads")
 class _SequentialDataParallel(ScratchDataParallel):
     """``ScratchDataParallel`` with the replicas run one after the other in the caller's thread."""
 
-    def forward(self, *inputs):
-        with _timed(self.trace, "main", "scatter"):
-            chunks = scatter(inputs, self.devices)
-        with _timed(self.trace, "main", "replicate"):
-            replicas = replicate(self.module, self.devices[:len(chunks)])
+    def apply(self, replicas, chunks):
         outputs = []
         for i, (replica, chunk) in enumerate(zip(replicas, chunks)):
             with _timed(self.trace, "main", f"forward {i}"):
                 outputs.append(replica(*chunk))
-        with _timed(self.trace, "main", "gather"):
-            return gather(outputs, self.devices[0])
+        return outputs
 
 
 @contextmanager
@@ -60,7 +55,7 @@ def wrap(kind: str, model: nn.Module, device: torch.device, replicas: int) -> nn
         return model
     if kind == "nn.DataParallel":
         return nn.DataParallel(model)  # every visible GPU, or (no GPU) the module itself
-    devices = [device] * replicas if device.type == "cpu" else [torch.device(device.type, i) for i in range(replicas)]
+    devices = replica_devices(device, replicas)
     cls = ScratchDataParallel if kind == "scratch" else _SequentialDataParallel
     return cls(model, devices)
 
@@ -110,7 +105,7 @@ def backward_threads(preset_name: str = "tiny", global_batch: int = 8, replicas:
     device = pick_device("auto")
     model = GPT(preset(preset_name, vocab_size=data.tokenizer.vocab_size)).to(device)
     x, y = data.batch("train", 0, global_batch, preset(preset_name).block_size, 0, 0, 1, device)
-    devices = [device] * replicas if device.type == "cpu" else [torch.device(device.type, i) for i in range(replicas)]
+    devices = replica_devices(device, replicas)
     chunks = scatter((x, y), devices)
     copies = replicate(model, devices)
     seen: dict[int, set[str]] = {i: set() for i in range(len(copies))}

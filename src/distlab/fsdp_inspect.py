@@ -9,6 +9,7 @@ and returns plain Python data for the FSDP2 chapter and ``distlab.bench_fsdp``:
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -23,8 +24,13 @@ from distlab.runtime import DTYPES, dist_env, pick_device, synchronize
 STRATEGIES = ("single", "ddp", "fsdp2", "fsdp2-no-reshard", "fsdp2-bf16", "hsdp")
 
 
+@functools.cache
+def _data() -> TokenData:
+    return TokenData(load_corpus())  # once per process: every function here builds models from it
+
+
 def _model(preset_name: str, seed: int = 1337) -> GPT:
-    return GPT(preset(preset_name, vocab_size=TokenData(load_corpus()).tokenizer.vocab_size), seed=seed)
+    return GPT(preset(preset_name, vocab_size=_data().tokenizer.vocab_size), seed=seed)
 
 
 def _device() -> torch.device:
@@ -67,7 +73,7 @@ def train(strategy: str, preset_name: str = "tiny", steps: int = 5, global_batch
     """
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     device = _device()
-    data = TokenData(load_corpus())
+    data = _data()
     model = wrap(strategy, _model(preset_name, seed).to(device), device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
     T = preset(preset_name).block_size
@@ -126,7 +132,7 @@ def step_trace(preset_name: str = "tiny", reshard_after_forward: bool = True, gl
     device = _device()
     model = apply_fsdp(_model(preset_name).to(device), reshard_after_forward=reshard_after_forward)
     rank, world = dist.get_rank(), dist.get_world_size()
-    x, y = TokenData(load_corpus()).batch("train", 0, global_batch, preset(preset_name).block_size, 0,
+    x, y = _data().batch("train", 0, global_batch, preset(preset_name).block_size, 0,
                                           rank, world, device)
     model(x, y)[1].backward()  # warm-up: the first step also builds FSDP2's lazy state
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -195,7 +201,7 @@ def gradient_check(preset_name: str = "tiny", global_batch: int = 16) -> float:
     too large and this difference as large as the gradients themselves."""
     device = _device()
     rank, world = dist.get_rank(), dist.get_world_size()
-    data = TokenData(load_corpus())
+    data = _data()
     T = preset(preset_name).block_size
     plain = _model(preset_name).to(device)
     x, y = data.batch("train", 0, global_batch, T, 0, 0, 1, device)
