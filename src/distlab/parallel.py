@@ -7,10 +7,78 @@ activation checkpointing first, then ``torch.compile``, then the data-parallel w
 from __future__ import annotations
 
 import contextlib
+import functools
+from typing import Callable
 
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+# --- begin activation checkpointing ---
+AC_MODES = ("none", "full", "selective")
+
+
+def _ops(*names: str) -> tuple:
+    aten = torch.ops.aten  # attention kernels differ by device and build; keep those this torch has
+    return tuple(getattr(aten, name).default for name in names if hasattr(aten, name))
+
+
+# Outputs worth keeping: matrix products and attention (most of the FLOPs to recompute).
+# Named as OpOverloads (``aten.addmm.default``): the policy sees those, never ``aten.addmm``.
+# A Linear with a bias on a (B, T, C) input runs ``addmm``; without a bias, ``mm``.
+SAVE_MATMULS_AND_ATTENTION = _ops(
+    "mm", "addmm", "bmm", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention")
+
+
+def save_ops_policy(save_ops=SAVE_MATMULS_AND_ATTENTION) -> Callable:
+    """A selective-checkpointing policy: keep the outputs of ``save_ops`` from the forward
+    pass, recompute everything else (LayerNorm, GELU, additions: cheap pointwise work)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    not_overloads = [op for op in save_ops if not isinstance(op, torch._ops.OpOverload)]
+    if not_overloads:  # an OpOverloadPacket never equals the op the policy is shown: it would match nothing
+        raise TypeError(f"name ops with their overload, e.g. torch.ops.aten.mm.default, not {not_overloads}")
+    save = frozenset(save_ops)
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str = "full", every: int = 1,
+                                   policy: Callable | None = None) -> nn.Module:
+    """Checkpoint every ``every``-th transformer block of ``model``, in place.
+
+    ``full``: a checkpointed block keeps only its input from the forward pass and runs its
+    forward again inside the backward pass. ``selective``: it also keeps what ``policy``
+    says to save (default: ``save_ops_policy()``) and recomputes only the rest.
+    ``none`` leaves the model alone. Gradients are unchanged in every mode.
+
+    Apply it before ``fully_shard``/DDP, so each FSDP unit is a checkpointed block.
+    ``checkpoint_wrapper`` is non-reentrant and restores the RNG state for the recompute;
+    its parameter names gain a ``_checkpoint_wrapped_module.`` part, which its state-dict
+    hooks (and DCP's) strip, so checkpoints and ``model.pt`` keep the plain model's keys.
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    if mode not in AC_MODES:
+        raise ValueError(f"unknown activation checkpointing mode {mode!r}; choose one of {', '.join(AC_MODES)}")
+    if every < 1:
+        raise ValueError(f"every must be 1 or more (checkpoint every k-th block), got {every}")
+    if mode == "none":
+        return model
+    kwargs = {}
+    if mode == "selective":
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy or save_ops_policy())
+    for i, block in enumerate(model.blocks):
+        if i % every == 0:
+            model.blocks[i] = checkpoint_wrapper(block, **kwargs)
+    return model
+# --- end activation checkpointing ---
 
 
 def apply_ddp(model: nn.Module, device: torch.device, **ddp_kwargs) -> DDP:
