@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from distlab.launch import run_ranks
+from distlab.activation_ckpt import checkpoint_blocks
 from distlab.memory import saved_activation_bytes
 from distlab.calculator_page import calculator_html, calculator_widget, format_bytes, format_estimate
 from distlab.memory_calculator import (
     GB, MODELS, OPTIMIZERS, PAPER_DP, PAPER_TABLE_1, STRATEGIES, DTYPES, activation_bytes,
-    agrees_with_print, calculator_data, checkpoint_blocks, estimate, exact_adamw_state_bytes,
+    agrees_with_print, calculator_data, estimate, exact_adamw_state_bytes,
     measure_one_step, per_rank_bytes, zero_paper_bytes)
 from distlab.model import GPT, count_parameters, preset
 

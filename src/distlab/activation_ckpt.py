@@ -10,13 +10,13 @@ check and measure it:
   ``check_policy_saves``, which fails loudly when a selective policy saves nothing;
 * ``activation_memory``: bytes kept for backward, by saved-tensor hooks and by PyTorch's
   memory tracker, and the peak during the backward pass;
-* ``time_train_steps``: seconds per training step (forward, backward, AdamW).
+* ``fsdp2_orders``: checkpointing combined with FSDP2, in both wrapping orders.
+
+Step times are measured by ``distlab.bench_ac``, which records them in ``results/``.
 """
 from __future__ import annotations
 
 import collections
-import statistics
-import time
 from typing import Callable
 
 import torch
@@ -64,6 +64,23 @@ def forward_ops(module: nn.Module, *inputs) -> list[str]:
     with _OpRecorder() as recorder:
         module(*inputs)
     return recorder.ops
+
+
+def saved_tensors(module: nn.Module, *inputs) -> list[tuple[tuple[int, ...], int]]:
+    """(shape, bytes) of each distinct storage ``module(*inputs)`` saves for backward, in the
+    order autograd saves them; parameters (model state) are left out."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: dict[int, tuple[tuple[int, ...], int]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params and storage.data_ptr() not in seen:
+            seen[storage.data_ptr()] = (tuple(t.shape), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(*inputs)
+    return list(seen.values())
 
 
 def recording(policy: Callable) -> tuple[Callable, collections.Counter]:
@@ -127,23 +144,6 @@ def activation_memory(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor
     return {"hooks": hooks, "saved": now["ACT"], "peak": top["ACT"] + top["TEMP"]}
 
 
-def time_train_steps(model: nn.Module, batch: int, steps: int = 5, warmup: int = 2, seed: int = 0) -> float:
-    """Median seconds of a training step (forward, backward, AdamW) after ``warmup`` steps."""
-    cfg = model.config
-    gen = torch.Generator().manual_seed(seed)
-    idx, targets = torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size), generator=gen)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    times = []
-    for step in range(warmup + steps):
-        start = time.perf_counter()
-        model(idx, targets)[1].backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def build(preset_name: str, mode: str = "none", every: int = 1, policy: Callable | None = None,
           seed: int = 0) -> GPT:
     """A GPT of ``preset_name`` with activation checkpointing applied (same weights for a seed)."""
@@ -156,5 +156,59 @@ def gradients(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> lis
     return [p.grad.clone() for p in model.parameters()]
 
 
-__all__ = ["CheckpointedBlock", "checkpoint_blocks", "forward_ops", "recording", "check_policy_saves",
-           "activation_memory", "time_train_steps", "build", "gradients", "save_ops_policy"]
+# (wrapping order, checkpoint implementation, mode): the combinations with FSDP2 compared
+FSDP2_ORDERS = [("checkpoint, then shard", "non-reentrant", "full"),
+                ("checkpoint, then shard", "non-reentrant", "selective"),
+                ("checkpoint, then shard", "reentrant", "full"),
+                ("shard, then checkpoint", "non-reentrant", "full"),
+                ("shard, then checkpoint", "reentrant", "full")]
+
+
+def fsdp2_orders(preset_name: str = "tiny", global_batch: int = 8) -> list[dict]:
+    """Run on every rank (``run_ranks``): one forward and backward under FSDP2 for each of
+    ``FSDP2_ORDERS``. Per combination: the largest difference between the reassembled
+    gradients and one process's without checkpointing, and, from the profiler, how often
+    FSDP2's pre-forward hook ran per block and how many all-gathers gloo ran."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    from distlab.parallel import apply_fsdp
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = preset(preset_name)
+    gen = torch.Generator().manual_seed(0)
+    idx, targets = torch.randint(0, cfg.vocab_size, (2, global_batch, cfg.block_size), generator=gen)
+    reference = gradients(GPT(cfg), idx, targets)
+    rows = idx.shape[0] // world
+    mine = slice(rank * rows, (rank + 1) * rows)
+    results = []
+    for order, impl, mode in FSDP2_ORDERS:
+        kwargs = {"checkpoint_impl": CheckpointImpl.REENTRANT if impl == "reentrant" else CheckpointImpl.NO_REENTRANT}
+        if mode == "selective":
+            kwargs["context_fn"] = lambda: create_selective_checkpoint_contexts(save_ops_policy())
+        model = GPT(cfg)
+
+        def wrap_blocks():
+            for i, block in enumerate(model.blocks):
+                model.blocks[i] = checkpoint_wrapper(block, **kwargs)
+        if order.startswith("checkpoint"):
+            wrap_blocks()
+            apply_fsdp(model)
+        else:
+            apply_fsdp(model)
+            wrap_blocks()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(idx[mine], targets[mine])[1].backward()
+        names = [event.name for event in prof.events()]
+        diff = max((p.grad.full_tensor() - r).abs().max().item() for p, r in zip(model.parameters(), reference))
+        results.append({
+            "order": order, "checkpoint": impl, "mode": mode, "grad_max_abs_diff": diff,
+            "pre_forward_per_block": sum(n.startswith("FSDP::pre_forward (blocks.") for n in names) / cfg.n_layer,
+            "all_gathers": names.count("gloo:all_gather")})
+    return results
+
+
+__all__ = ["CheckpointedBlock", "checkpoint_blocks", "forward_ops", "saved_tensors", "recording", "check_policy_saves",
+           "activation_memory", "build", "gradients", "save_ops_policy", "fsdp2_orders"]

@@ -17,7 +17,6 @@ import math
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
 
 from distlab.memory import activation_bytes_formula
 from distlab.model import GPTConfig, parameter_formula, preset
@@ -154,24 +153,6 @@ def activation_bytes(cfg: GPTConfig, batch: int, seq_len: int,
     saved = kept_inputs + full["outside_blocks"]
     return {"saved": saved, "recompute": full["per_block"], "peak": saved + full["per_block"]}
 # --- end activations ---
-
-
-class CheckpointedBlock(nn.Module):
-    """Runs ``block`` under non-reentrant activation checkpointing: only its input is kept."""
-
-    def __init__(self, block: nn.Module):
-        super().__init__()
-        self.block = block
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
-        return checkpoint(self.block, x, use_reentrant=False)
-
-
-def checkpoint_blocks(model: nn.Module) -> nn.Module:
-    """Wrap every block of a GPT in ``CheckpointedBlock``, in place (model.py stays untouched)."""
-    for i, block in enumerate(model.blocks):
-        model.blocks[i] = CheckpointedBlock(block)
-    return model
 
 
 def activation_coefficients(cfg: GPTConfig, checkpointing: bool) -> dict[str, int]:

@@ -38,7 +38,8 @@ from distlab.flops import FLOPS_FORMULA, device_name, flops_per_token, measured_
 from distlab.memory import state_bytes
 from distlab.metrics import RunLog
 from distlab.model import GPT, PRESETS, count_parameters, preset
-from distlab.parallel import AC_MODES, apply_activation_checkpointing, apply_fsdp, full_state_dict, no_gradient_sync
+from distlab.parallel import (AC_MODES, apply_activation_checkpointing, apply_fsdp, full_state_dict,
+                              no_gradient_sync)
 from distlab.runtime import DTYPES, autocast, dist_env, init_distributed, pick_device, synchronize
 
 
@@ -64,7 +65,7 @@ class TrainConfig:
     out: str = "runs/lab5"  # directory for metrics.jsonl, summary.json and model.pt
     checkpoint_every: int = 0  # save a sharded checkpoint to OUT/checkpoints every N steps (0: never)
     resume: str = ""  # go on from a checkpoint: its step_NNNNNN folder, or latest (in OUT/checkpoints)
-    ac: str = "full"  # activation checkpointing: none, full (keep each block's input) or selective (+ matmul outputs)
+    ac: str = "full"  # activation checkpointing: none, full (keep block inputs) or selective (and matmul outputs)
     ac_every: int = 1  # checkpoint every k-th block (1: all of them)
     sample_chars: int = 200  # characters to sample from the trained model (0: none)
     timeout_s: float = 120.0  # a collective that waits longer than this fails instead of hanging
