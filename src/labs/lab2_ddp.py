@@ -1,4 +1,4 @@
-"""Lab 2: lab 1 + DistributedDataParallel. N ranks with batch B/N train like lab 1 with B.
+r"""Lab 2: lab 1 + DistributedDataParallel. N ranks with batch B/N train like lab 1 with B.
 
 Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces one):
     torchrun --standalone --nproc-per-node=2 src/labs/lab2_ddp.py --preset tiny --steps 50 --out runs/lab2

@@ -1,4 +1,4 @@
-"""Lab 3: lab 2 + gradient accumulation. The global batch stays B whatever N and memory allow.
+r"""Lab 3: lab 2 + gradient accumulation. The global batch stays B whatever N and memory allow.
 
 Each rank runs B / (N * micro_batch_size) micro-batches per step and all-reduces only on
 the last one: the others run under DDP's no_sync(), which skips the gradient all-reduce.

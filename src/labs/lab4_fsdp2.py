@@ -1,4 +1,4 @@
-"""Lab 4: lab 3 + FSDP2. Parameters, gradients and optimizer state are sharded over the ranks.
+r"""Lab 4: lab 3 + FSDP2. Parameters, gradients and optimizer state are sharded over the ranks.
 
 Each rank keeps 1/N of every parameter (a DTensor shard), all-gathers a block's just before use
 and frees it after; gradients are reduce-scattered: each rank steps AdamW on its shard only.

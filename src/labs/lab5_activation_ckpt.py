@@ -1,4 +1,4 @@
-"""Lab 5: lab 4 + activation checkpointing. Blocks keep less for backward and recompute the rest.
+r"""Lab 5: lab 4 + activation checkpointing. Blocks keep less for backward and recompute the rest.
 
 With --ac full each checkpointed block keeps only its input from the forward pass and runs its
 forward again during backward; --ac selective also keeps the matmul and attention outputs and
