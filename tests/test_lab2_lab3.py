@@ -92,3 +92,7 @@ def test_lab_diffs_stay_small():
                      ("lab3_grad_accum.py", "lab4_fsdp2.py"), ("lab4_fsdp2.py", "lab5_activation_ckpt.py")]:
         removed, added = changed_lines(old, new)
         assert removed + added <= 50, f"{old} -> {new}: {removed} removed, {added} added"
+    # lab 6 is lab 5's plumbing rewritten on Accelerate, not one feature more: a bigger diff, but
+    # no bigger than lab 5's own distance from lab 1 plus the launcher checks
+    removed, added = changed_lines("lab5_activation_ckpt.py", "lab6_accelerate.py")
+    assert removed + added <= 120, f"lab 5 -> lab 6: {removed} removed, {added} added"

@@ -1,0 +1,174 @@
+"""Hugging Face Accelerate for lab 6: build the Accelerator, and check it gave what was asked.
+
+Accelerate decides a lot from the environment and falls back quietly when it cannot do
+what it was asked (see ../shared/PLATFORM.md and the Accelerate chapter):
+
+- without ``cpu=True`` on a machine with no GPU, each of N launched processes makes a
+  one-process Accelerator: N models train unsynchronised, with no error;
+- its FSDP plugin needs a GPU: on CPU ranks it wraps the model in DDP instead.
+
+So the device choice still comes from ``distlab.runtime`` (the one place that knows about
+CPU vs GPU), and ``check_processes`` / ``check_strategy`` turn each fallback into an error.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from distlab.errors import UserError
+from distlab.runtime import backend_for
+
+
+def make_accelerator(device: torch.device, dtype: str, accum_steps: int, sync_each_batch: bool,
+                     timeout_s: float, fsdp: bool):
+    """An Accelerator on ``device`` (from ``runtime.pick_device``) with bf16 autocast or none,
+    ``accum_steps`` micro-batches per optimizer step, and a process-group timeout.
+
+    With ``fsdp`` on a GPU, Accelerate's own FSDP2 plugin shards the model in ``prepare``:
+    each transformer ``Block`` is one unit, as ``parallel.apply_fsdp`` does by hand. On CPU
+    there is no plugin to ask (it would fall back to DDP); the caller shards the model itself.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import (FullyShardedDataParallelPlugin, GradientAccumulationPlugin,
+                                  InitProcessGroupKwargs)
+
+    plugin = None
+    if fsdp and device.type == "cuda":
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2, reshard_after_forward=True, auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=["Block"], state_dict_type="SHARDED_STATE_DICT")
+    return Accelerator(
+        cpu=device.type == "cpu",  # without it, CPU processes never form a group (no error either)
+        mixed_precision="no" if dtype == "fp32" else dtype,
+        # sync_with_dataloader: our batches come from TokenData, not a DataLoader; count micro-batches
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=accum_steps, sync_each_batch=sync_each_batch, sync_with_dataloader=False),
+        # Accelerate picks the backend (gloo with cpu=True, NCCL on GPUs); check_processes checks it
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s))],
+        fsdp_plugin=plugin,
+    )
+
+
+def check_fsdp_request(cfg, world_size: int, device: torch.device) -> None:
+    """Refuse the FSDP runs this lab cannot give as asked, before any process group exists."""
+    if cfg.fsdp and world_size == 1:
+        raise UserError("--fsdp shards over ranks and one process has none: launch 2 or more, or drop --fsdp")
+    if cfg.fsdp and (cfg.checkpoint_every or cfg.resume) and device.type != "cuda":
+        # save_state writes no model it did not prepare, and the optimizer from rank 0 alone: half of it
+        raise UserError("save_state cannot save a model sharded outside Accelerate (--fsdp on CPU): "
+                        "use lab 5's sharded checkpoints, or drop --checkpoint-every/--resume")
+
+
+def launched_processes() -> int:
+    """How many processes the launcher started (torchrun and ``accelerate launch`` set WORLD_SIZE)."""
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def check_processes(accelerator) -> None:
+    """Fail when the launcher started N processes but Accelerate made N groups of one."""
+    launched = launched_processes()
+    if accelerator.num_processes != launched:
+        raise UserError(
+            f"the launcher started {launched} processes but Accelerate sees {accelerator.num_processes} "
+            f"({accelerator.distributed_type}, {accelerator.device}): each process would train its own "
+            "model. On CPU ranks the Accelerator needs cpu=True (this lab passes it for --device cpu)")
+    want = backend_for(accelerator.device)
+    if launched > 1 and accelerator.state.backend != want:
+        raise UserError(f"Accelerate chose the {accelerator.state.backend} backend; {accelerator.device} needs {want}")
+
+
+def strategy_of(model: nn.Module) -> str:
+    """What really trains: ``fsdp2`` (DTensor parameters), ``ddp`` (a DDP wrapper) or ``single``."""
+    from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel
+
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        return "fsdp2"
+    if isinstance(model, DistributedDataParallel):
+        return "ddp"
+    return "single"
+
+
+def check_strategy(model: nn.Module, accelerator, fsdp: bool) -> str:
+    """The strategy in use after ``prepare``; an error if it is not the one asked for."""
+    want = "fsdp2" if fsdp else ("ddp" if accelerator.num_processes > 1 else "single")
+    got = strategy_of(model)
+    if got != want:
+        raise UserError(f"asked for {want} but the prepared model is {got} "
+                        f"(Accelerate: {accelerator.distributed_type} on {accelerator.device})")
+    return got
+
+
+class Progress:
+    """The step to go on from. Registered with the Accelerator, so save_state and load_state
+    carry it next to the model, optimizer and each rank's RNG (our data is indexed by step)."""
+
+    def __init__(self):
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+
+class AcceleratorCheckpoints:
+    """``accelerator.save_state`` to ``OUT/checkpoints/step_NNNNNN`` and ``load_state`` back.
+
+    Accelerate writes the model and optimizer once (rank 0) under DDP and sharded under its
+    FSDP plugin, plus one RNG file per rank. A folder gets its final name only when every
+    rank has written, so ``latest`` never picks a half-written one.
+    """
+
+    def __init__(self, cfg, accelerator):
+        self.cfg, self.accelerator = cfg, accelerator
+        self.dir = Path(cfg.out) / "checkpoints"
+        self.progress = Progress()
+        accelerator.register_for_checkpointing(self.progress)
+
+    def maybe_save(self, step: int) -> None:
+        """Call after optimizer step ``step``; saves every ``cfg.checkpoint_every`` steps."""
+        if self.cfg.checkpoint_every > 0 and (step + 1) % self.cfg.checkpoint_every == 0:
+            self.save(step + 1)
+
+    def save(self, steps_done: int) -> Path:
+        acc = self.accelerator
+        final = self.dir / f"step_{steps_done:06d}"
+        partial = final.with_name(final.name + ".partial")
+        if acc.is_main_process:
+            shutil.rmtree(partial, ignore_errors=True)  # left behind by a run killed mid-save
+        acc.wait_for_everyone()
+        self.progress.step = steps_done
+        acc.save_state(str(partial))
+        acc.wait_for_everyone()  # every rank's RNG file is in
+        if acc.is_main_process:
+            shutil.rmtree(final, ignore_errors=True)  # a rerun into the same OUT replaces it
+            partial.rename(final)
+            print(f"checkpoint: {final} ({len(list(final.iterdir()))} files)", flush=True)
+        acc.wait_for_everyone()
+        return final
+
+    def resume(self) -> int:
+        """Load ``cfg.resume`` (a step folder, or "latest") and return the step to run next."""
+        if not self.cfg.resume:
+            return 0
+        if self.cfg.init_from:
+            raise UserError("--resume and --init-from both given: a checkpoint brings its own weights")
+        path = Path(self.cfg.resume)
+        if self.cfg.resume == "latest":
+            done = [p for p in self.dir.glob("step_*") if p.name[5:].isdigit()]
+            path = max(done, key=lambda p: int(p.name[5:]), default=None)
+            if path is None:
+                raise UserError(f"--resume latest: no finished checkpoint in {self.dir}")
+        if not path.is_dir():
+            raise UserError(f"--resume {self.cfg.resume}: no such checkpoint folder")
+        self.accelerator.load_state(str(path))  # model, optimizer, this rank's RNG, progress
+        if self.accelerator.is_main_process:
+            print(f"resumed from {path} at step {self.progress.step}", flush=True)
+        return self.progress.step
