@@ -61,6 +61,7 @@ def test_ddp_under_torchrun_and_accelerate_launch_equals_lab_2_and_resumes(lab2_
     summary = read_summary(first)
     assert (summary["world_size"], summary["accum_steps"]) == (2, 2)
     assert summary["strategy"] == "accelerate-ddp+accumulation+ac-full"
+    GPT(preset("tiny")).load_state_dict(torch.load(first / "model.pt"))  # no "module." prefix
     saved = first / "checkpoints" / "step_000005"
     assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl"} <= \
         {f.name for f in saved.iterdir()}

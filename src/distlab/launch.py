@@ -5,7 +5,8 @@
 
 Underneath is PyTorch's own elastic launcher (what ``torchrun`` uses), with a c10d
 rendezvous on 127.0.0.1 and an OS-chosen free port, so two launches at once never
-collide. The launcher runs in a child process of its own session, which buys two things
+collide. The launcher runs in a child process of its own session (forked from a forkserver
+that imported torch once, so a launch does not pay for that import), which buys two things
 a notebook needs: a wall-clock ``timeout`` that kills every rank (a hung collective or an
 endless loop cannot hang the notebook), and functions defined in the notebook itself
 (they travel by value with cloudpickle). A rank that fails raises ``RankFailed`` here,
@@ -18,7 +19,6 @@ import pickle
 import re
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -145,6 +145,37 @@ def _launcher_main(spec_path: str) -> None:
 
 
 # ---------------------------------------------------------------- in the notebook
+# The launcher process is forked from a forkserver that imported torch once, instead of
+# starting a fresh interpreter per launch: importing torch is the largest fixed cost of a
+# launch on a small CPU (about 2 s of its 4), and a notebook or the tests launch dozens of times.
+_PRELOAD = ["torch", "torch.distributed.elastic.multiprocessing", "torch.distributed.launcher.api",
+            "cloudpickle"]
+
+
+def _context():
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def _launcher_child(spec_path: str, log_path: str, env: dict[str, str]) -> None:
+    """The launcher process: its own session (so a timeout's killpg reaches every rank), the
+    caller's environment of now, and its output (and the ranks') into ``log_path``."""
+    os.setsid()
+    os.environ.clear()
+    os.environ.update(env)
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(log, 1), os.dup2(log, 2)
+    sys.stdout.reconfigure(write_through=True), sys.stderr.reconfigure(write_through=True)
+    import torch
+
+    if "OMP_NUM_THREADS" in env:  # torch was imported before this variable was set: apply it
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    _launcher_main(spec_path)
+
+
 def _rank_env(nprocs: int, device: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if device in ("auto", "cpu") and "OMP_NUM_THREADS" not in os.environ:
@@ -169,55 +200,67 @@ def _launch(entrypoint, args: tuple, nprocs: int, timeout: float, device: str,
             "entrypoint": entrypoint, "args": args, "nprocs": nprocs,
             "result_path": str(result_path), "port": port,
         }))
-        proc = subprocess.Popen(
-            [sys.executable, "-c", f"from distlab.launch import _launcher_main; _launcher_main({str(spec_path)!r})"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-            env=_rank_env(nprocs, device), start_new_session=True,  # killpg reaches every rank
-        )
+        log_path = Path(tmp, "output.log")
+        log_path.touch()
+        proc = _context().Process(target=_launcher_child, args=(str(spec_path), str(log_path), _rank_env(nprocs, device)))
+        proc.start()
         output: list[str] = []
         muted = threading.Event()  # set once we kill the ranks: their dying words are noise
-        reader = threading.Thread(target=_pump, args=(proc.stdout, output, quiet, muted), daemon=True)
+        done = threading.Event()
+        reader = threading.Thread(target=_pump, args=(log_path, done, output, quiet, muted), daemon=True)
         reader.start()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        proc.join(timeout)
+        if proc.exitcode is None:
             muted.set()
             _kill_session(proc)
+            done.set()
             reader.join(5)
-            raise LaunchTimeout(f"{nprocs} rank(s) did not finish within {timeout:.0f} s; all were killed") from None
+            raise LaunchTimeout(f"{nprocs} rank(s) did not finish within {timeout:.0f} s; all were killed")
+        done.set()
         reader.join(5)
         if not result_path.exists():
             tail = "".join(output[-20:])
-            raise RankFailed(-1, f"the launcher exited with code {proc.returncode} before any result", tail)
+            raise RankFailed(-1, f"the launcher exited with code {proc.exitcode} before any result", tail)
         outcome = pickle.loads(result_path.read_bytes())
     if "failure" in outcome:
         raise RankFailed(*outcome["failure"])
     return outcome["results"]
 
 
-def _pump(stream, output: list[str], quiet: bool, muted: threading.Event) -> None:
-    for line in stream:
-        output.append(line)
-        if not (quiet or muted.is_set() or _AGENT_LOG.match(line)):
-            print(line, end="", flush=True)
+def _pump(path: Path, done: threading.Event, output: list[str], quiet: bool, muted: threading.Event) -> None:
+    """Follow the launcher's output file line by line until ``done`` and nothing is left."""
+    with open(path, errors="replace") as stream:
+        pending = ""
+        while True:
+            chunk = stream.read()
+            if not chunk:
+                if done.is_set():
+                    break
+                time.sleep(0.05)
+                continue
+            *lines, pending = (pending + chunk).split("\n")
+            for line in lines:
+                line += "\n"
+                output.append(line)
+                if not (quiet or muted.is_set() or _AGENT_LOG.match(line)):
+                    print(line, end="", flush=True)
+        if pending:
+            output.append(pending)
 
 
-# the elastic agent's own log lines ("E1121 10:00:08.758000 2413 torch/...") repeat what
-# RankFailed already says; the ranks' lines carry a "[rankN] " prefix and are kept
 _AGENT_LOG = re.compile(r"[EWI]\d{4} \d\d:\d\d:\d\d")
 
 
-def _kill_session(proc: subprocess.Popen) -> None:
+def _kill_session(proc) -> None:
     for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
-        try:
-            proc.wait(timeout=wait)
+        proc.join(wait)
+        if proc.exitcode is not None:
             time.sleep(0.2)  # let the ranks, not only the launcher, go
-        except subprocess.TimeoutExpired:
-            continue
+            break
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the same session
     except ProcessLookupError:

@@ -144,8 +144,8 @@ def main() -> None:
         model = apply_fsdp(model, param_dtype=None if cfg.dtype == "fp32" else DTYPES[cfg.dtype])
         optimizer = accelerator.prepare(make_optimizer(model, cfg))  # the model is not Accelerate's to wrap
     else:  # DDP on N ranks, FSDP2 from the plugin on GPUs, or nothing on one process
-        model = accelerator.prepare(model)  # wrap first: FSDP2 replaces the parameters the optimizer needs
-        optimizer = accelerator.prepare(make_optimizer(model, cfg))
+        # together: Accelerate's FSDP2 refuses them apart, and moves the optimizer onto the shards
+        model, optimizer = accelerator.prepare(model, make_optimizer(model, cfg))
     strategy = check_strategy(model, accelerator, cfg.fsdp)  # never train with something other than asked
     checkpoints = AcceleratorCheckpoints(cfg, accelerator)
     start_step = checkpoints.resume()  # with --resume: model, optimizer, RNG per rank and step, else 0
