@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, run_lab
-from test_lab2_lab3 import BASELINE, torchrun
+from test_lab2_lab3 import torchrun
 from distlab.accel import check_fsdp_request
 from distlab.errors import UserError
 from distlab.metrics import read_metrics, read_summary
@@ -89,14 +89,15 @@ def test_fsdp_on_cpu_shards_by_hand_and_equals_lab_2(lab2_losses, tmp_path):
     GPT(preset("tiny")).load_state_dict(torch.load(tmp_path / "model.pt"))  # plain keys, whole tensors
 
 
-def test_one_process_under_python_and_accelerate_launch_is_lab_1(tmp_path):
-    for name, run in [("python", lambda out: run_lab("lab6_accelerate.py", *BASELINE["args"], "--out", out)),
-                      ("accelerate", lambda out: accelerate_launch(1, *BASELINE["args"], "--out", out))]:
+def test_one_process_under_python_and_accelerate_launch_is_lab_2(lab2_losses, tmp_path):
+    """One process with the whole batch (4 micro-batches of 4) trains like lab 2's 2 ranks."""
+    for name, run in [("python", lambda out: run_lab("lab6_accelerate.py", *TEN_STEPS, "--out", out)),
+                      ("accelerate", lambda out: accelerate_launch(1, *TEN_STEPS, "--out", out))]:
         proc = run(tmp_path / name)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        got = [m["loss"] for m in read_metrics(tmp_path / name)]
-        assert got == pytest.approx(BASELINE["losses"], rel=1e-5), name
-        assert read_summary(tmp_path / name)["strategy"] == "accelerate-single+accumulation+ac-full"
+        assert losses(tmp_path / name) == pytest.approx(lab2_losses, rel=1e-5), name
+        summary = read_summary(tmp_path / name)
+        assert (summary["strategy"], summary["accum_steps"]) == ("accelerate-single+accumulation+ac-full", 4)
 
 
 def test_fsdp_on_one_process_is_refused_with_one_line(tmp_path):
