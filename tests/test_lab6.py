@@ -66,11 +66,12 @@ def test_ddp_under_torchrun_and_accelerate_launch_equals_lab_2_and_resumes(lab2_
     assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl"} <= \
         {f.name for f in saved.iterdir()}
 
-    second = tmp_path / "accelerate"
-    proc = accelerate_launch(2, *TEN_STEPS, "--resume", saved, "--out", second)
+    # resumed into the same OUT: the first run's metrics are kept aside, not overwritten
+    proc = accelerate_launch(2, *TEN_STEPS, "--resume", saved, "--out", first)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from" in proc.stdout and "2 process(es) of 2 launched" in proc.stdout
-    resumed = losses(second)
+    assert len((first / "metrics.before_step_000005.jsonl").read_text().splitlines()) == 10
+    resumed = losses(first)
     assert sorted(resumed) == list(range(5, 10))
     assert resumed == pytest.approx({s: lab2_losses[s] for s in resumed}, rel=1e-5)
 

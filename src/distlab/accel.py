@@ -171,4 +171,9 @@ class AcceleratorCheckpoints:
         self.accelerator.load_state(str(path))  # model, optimizer, this rank's RNG, progress
         if self.accelerator.is_main_process:
             print(f"resumed from {path} at step {self.progress.step}", flush=True)
+            # the lab reopens OUT/metrics.jsonl for writing; keep the interrupted run's lines aside
+            old = Path(self.cfg.out) / "metrics.jsonl"
+            if old.is_file():
+                kept = old.rename(old.with_name(f"metrics.before_step_{self.progress.step:06d}.jsonl"))
+                print(f"kept the earlier {old.name} as {kept.name}", flush=True)
         return self.progress.step
