@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from distlab.checkpoint import keep_earlier_metrics, latest
 from distlab.errors import UserError
 from distlab.runtime import backend_for
 
@@ -118,6 +119,9 @@ class Progress:
         self.step = int(state["step"])
 
 
+PROGRESS_FILE = "custom_checkpoint_0.pkl"  # save_state's name for the first registered object: Progress
+
+
 class AcceleratorCheckpoints:
     """``accelerator.save_state`` to ``OUT/checkpoints/step_NNNNNN`` and ``load_state`` back.
 
@@ -162,8 +166,7 @@ class AcceleratorCheckpoints:
             raise UserError("--resume and --init-from both given: a checkpoint brings its own weights")
         path = Path(self.cfg.resume)
         if self.cfg.resume == "latest":
-            done = [p for p in self.dir.glob("step_*") if p.name[5:].isdigit()]
-            path = max(done, key=lambda p: int(p.name[5:]), default=None)
+            path = latest(self.dir, holds=(PROGRESS_FILE,))
             if path is None:
                 raise UserError(f"--resume latest: no finished checkpoint in {self.dir}")
         if not path.is_dir():
@@ -171,9 +174,5 @@ class AcceleratorCheckpoints:
         self.accelerator.load_state(str(path))  # model, optimizer, this rank's RNG, progress
         if self.accelerator.is_main_process:
             print(f"resumed from {path} at step {self.progress.step}", flush=True)
-            # the lab reopens OUT/metrics.jsonl for writing; keep the interrupted run's lines aside
-            old = Path(self.cfg.out) / "metrics.jsonl"
-            if old.is_file():
-                kept = old.rename(old.with_name(f"metrics.before_step_{self.progress.step:06d}.jsonl"))
-                print(f"kept the earlier {old.name} as {kept.name}", flush=True)
+            keep_earlier_metrics(self.cfg.out, self.progress.step)
         return self.progress.step

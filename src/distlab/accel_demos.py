@@ -43,17 +43,22 @@ def _train(accelerator, model, steps: int = 3) -> torch.nn.Module:
     return model
 
 
+def _caught(check, *args, **kwargs) -> str | None:
+    """Run one of lab 6's checks; its error message, or None when it passes."""
+    try:
+        check(*args, **kwargs)
+    except UserError as err:
+        return str(err)
+    return None
+
+
 def without_cpu_true() -> dict:
     """``Accelerator()`` on a machine with no GPU, in a launched process: a group of one."""
     from accelerate import Accelerator
 
     accelerator = Accelerator()  # the mistake: no cpu=True
     model = _train(accelerator, GPT(preset("tiny"), seed=0))
-    try:  # what lab 6 does right after building its Accelerator
-        check_processes(accelerator)
-        caught = None
-    except UserError as err:
-        caught = str(err)
+    caught = _caught(check_processes, accelerator)  # what lab 6 does right after building its Accelerator
     return {"WORLD_SIZE": os.environ.get("WORLD_SIZE"), "num_processes": accelerator.num_processes,
             "distributed_type": str(accelerator.distributed_type), "strategy": strategy_of(model),
             "weights": fingerprint(model), "caught": caught}
@@ -68,11 +73,7 @@ def fsdp_plugin_on_cpu() -> dict:
                                             transformer_cls_names_to_wrap=["Block"])
     accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
     model = _train(accelerator, GPT(preset("tiny"), seed=0))
-    try:  # what lab 6 does after prepare
-        check_strategy(model, accelerator, fsdp=True)
-        caught = None
-    except UserError as err:
-        caught = str(err)
+    caught = _caught(check_strategy, model, accelerator, fsdp=True)  # what lab 6 does after prepare
     local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
     return {"num_processes": accelerator.num_processes, "distributed_type": str(accelerator.distributed_type),
             "wrapper": type(model).__name__, "strategy": strategy_of(model),

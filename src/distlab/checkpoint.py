@@ -148,11 +148,20 @@ def inspect_checkpoint(path: str | Path):
     return train_state, metadata
 
 
-def latest(checkpoint_dir: str | Path) -> Path | None:
-    """The finished checkpoint with the most steps in ``checkpoint_dir``, or None."""
+def latest(checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE_FILE)) -> Path | None:
+    """The finished checkpoint with the most steps in ``checkpoint_dir`` (a ``step_N`` folder
+    holding the files ``holds`` names; ``.partial`` folders never match), or None."""
     done = [p for p in Path(checkpoint_dir).glob("step_*")
-            if p.name[5:].isdigit() and (p / METADATA).is_file() and (p / STATE_FILE).is_file()]
+            if p.name[5:].isdigit() and all((p / name).is_file() for name in holds)]
     return max(done, key=lambda p: int(p.name[5:]), default=None)
+
+
+def keep_earlier_metrics(out: str | Path, step: int) -> None:
+    """On resume: the lab reopens OUT/metrics.jsonl for writing; keep the interrupted run's lines aside."""
+    old = Path(out) / "metrics.jsonl"
+    if old.is_file():
+        kept = old.rename(old.with_name(f"metrics.before_step_{step:06d}.jsonl"))
+        print(f"kept the earlier {old.name} as {kept.name}", flush=True)
 
 
 class Checkpoints:
@@ -246,7 +255,7 @@ class Checkpoints:
         if self.rank == 0:
             print(f"resumed from {path} at step {step} (saved by {saved_world_size} ranks, now "
                   f"{self.world_size})" + ("" if with_rng else "; RNG reseeded: seed + 1000*step + rank"))
-            self._keep_earlier_metrics(step)
+            keep_earlier_metrics(self.cfg.out, step)
         return step
 
     def _check(self) -> tuple:
@@ -275,13 +284,6 @@ class Checkpoints:
         except Exception as err:  # rank 0 must reach the broadcast, or the others wait for it
             return f"checkpoint {self.cfg.resume} is unreadable ({_one_line(err)})", None, 0, 0, []
     # --- end resume ---
-
-    def _keep_earlier_metrics(self, step: int) -> None:
-        # the lab reopens OUT/metrics.jsonl for writing; keep the interrupted run's lines aside
-        old = Path(self.cfg.out) / "metrics.jsonl"
-        if old.is_file():
-            kept = old.rename(old.with_name(f"metrics.before_step_{step:06d}.jsonl"))
-            print(f"kept the earlier {old.name} as {kept.name}")
 
 
 def load_plain_weights(model: torch.nn.Module, path: str | Path) -> None:

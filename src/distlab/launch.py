@@ -167,8 +167,10 @@ def _launcher_child(spec_path: str, log_path: str, env: dict[str, str]) -> None:
     os.environ.clear()
     os.environ.update(env)
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
-    os.dup2(log, 1), os.dup2(log, 2)
-    sys.stdout.reconfigure(write_through=True), sys.stderr.reconfigure(write_through=True)
+    for fd in (1, 2):
+        os.dup2(log, fd)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(write_through=True)
     import torch
 
     if "OMP_NUM_THREADS" in env:  # torch was imported before this variable was set: apply it
@@ -248,6 +250,8 @@ def _pump(path: Path, done: threading.Event, output: list[str], quiet: bool, mut
             output.append(pending)
 
 
+# the elastic agent's own log lines ("E1121 10:00:08.758000 2413 torch/...") repeat what
+# RankFailed already says; the ranks' lines carry a "[rankN] " prefix and are kept
 _AGENT_LOG = re.compile(r"[EWI]\d{4} \d\d:\d\d:\d\d")
 
 
