@@ -29,8 +29,10 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build book -W -n --keep-going
 	@echo "The book is in _build/html/index.html"
 
+# two workers: the book build (one long test) runs beside the rest; tests that read the
+# build share one worker (xdist_group "book"), so the book is built once
 test: $(STAMP)
-	$(BIN)/python -m pytest -v --durations=15
+	$(BIN)/python -m pytest -v --durations=15 -n 2 --dist loadgroup
 
 # Re-resolve requirements.in into the pinned requirements.txt.
 lock: $(STAMP)

@@ -1,6 +1,10 @@
 """The README's book command, strict: `jupyter-book build book -W -n --keep-going`."""
+import pytest
+
 from conftest import REPO_ROOT
 from test_notebooks import toc_pages
+
+pytestmark = pytest.mark.xdist_group("book")  # one xdist worker builds the book, once
 
 
 def test_strict_build_passes_and_writes_every_page(built_book):

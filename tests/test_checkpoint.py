@@ -102,6 +102,7 @@ def _rng_round_trip(out: str) -> tuple[int, list[float], list[float]]:
         weight_decay: float = 0.1
         data: str = ""
         checkpoint_every: int = 0
+        keep_checkpoints: int = 3
         resume: str = ""
         init_from: str = ""
 

@@ -37,6 +37,7 @@ def test_page_is_a_myst_notebook(path):
     assert "```{code-cell}" in text
 
 
+@pytest.mark.xdist_group("book")  # on the worker that built the book (a session fixture per worker)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_notebook_executes(path, built_book):
     proc, build = built_book

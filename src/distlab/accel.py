@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from distlab.checkpoint import keep_earlier_metrics, latest
+from distlab.checkpoint import keep_earlier_metrics, prune, resume_point
 from distlab.errors import UserError
 from distlab.runtime import backend_for
 
@@ -154,21 +154,19 @@ class AcceleratorCheckpoints:
         if acc.is_main_process:
             shutil.rmtree(final, ignore_errors=True)  # a rerun into the same OUT replaces it
             partial.rename(final)
-            print(f"checkpoint: {final} ({len(list(final.iterdir()))} files)", flush=True)
+            removed = prune(self.dir, self.cfg.keep_checkpoints, holds=(PROGRESS_FILE,))
+            print(f"checkpoint: {final} ({len(list(final.iterdir()))} files)"
+                  + (f"; removed {', '.join(p.name for p in removed)}" if removed else ""), flush=True)
         acc.wait_for_everyone()
         return final
 
     def resume(self) -> int:
-        """Load ``cfg.resume`` (a step folder, or "latest") and return the step to run next."""
-        if not self.cfg.resume:
-            return 0
-        if self.cfg.init_from:
+        """Load ``cfg.resume`` (a step folder, "latest" or "auto") and return the step to run next."""
+        if self.cfg.resume and self.cfg.init_from:
             raise UserError("--resume and --init-from both given: a checkpoint brings its own weights")
-        path = Path(self.cfg.resume)
-        if self.cfg.resume == "latest":
-            path = latest(self.dir, holds=(PROGRESS_FILE,))
-            if path is None:
-                raise UserError(f"--resume latest: no finished checkpoint in {self.dir}")
+        path = resume_point(self.cfg.resume, self.dir, holds=(PROGRESS_FILE,))
+        if path is None:  # no --resume, or --resume auto before the first checkpoint
+            return 0
         if not path.is_dir():
             raise UserError(f"--resume {self.cfg.resume}: no such checkpoint folder")
         self.accelerator.load_state(str(path))  # model, optimizer, this rank's RNG, progress

@@ -1,12 +1,16 @@
-"""Sharded checkpoints for lab 4: save, resume on any number of ranks, convert to one file.
+"""Checkpoints for labs 2-5: save, resume on any number of ranks, convert to one file.
 
-In a training script (lab 4 has exactly these lines; everything else lives here):
+In a training script (labs 2-5 have exactly these lines; everything else lives here):
 
     checkpoints = Checkpoints(cfg, model, optimizer)  # after fully_shard and the optimizer
     start_step = checkpoints.resume()                 # 0, or where the --resume checkpoint stopped
     for step in range(start_step, cfg.steps):
         ...                                           # one optimizer step
         checkpoints.maybe_save(step)                  # every --checkpoint-every steps
+
+``--resume latest`` insists on a checkpoint; ``--resume auto`` takes the latest one if there
+is one and starts at step 0 if not, so the same command serves the first start and every
+restart of a job that restarts itself (``torchrun --max-restarts``, a requeued SLURM job).
 
 From a shell, a checkpoint becomes the plain ``model.pt`` that every lab loads (``--init-from``):
 
@@ -15,7 +19,8 @@ From a shell, a checkpoint becomes the plain ``model.pt`` that every lab loads (
 A checkpoint is a folder that ``torch.distributed.checkpoint`` (DCP) wrote, plus one JSON file:
 
     step_000200/             the state after 200 optimizer steps: step 200 runs next
-        __0_0.distcp, ...    rank r's own shards, written by rank r, all ranks at once
+        __0_0.distcp, ...    rank r's own shards, written by rank r, all ranks at once (a
+                             DDP replica is written once, by one rank; RNG states by each)
         .metadata            which region of which global tensor lies where (rank 0, last)
         train_state.json     the step, and the config that fixes the LR schedule and the data
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import time
 import warnings
@@ -156,6 +162,33 @@ def latest(checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE
     return max(done, key=lambda p: int(p.name[5:]), default=None)
 
 
+def resume_point(resume: str, checkpoint_dir: str | Path,
+                 holds: tuple[str, ...] = (METADATA, STATE_FILE)) -> Path | None:
+    """The checkpoint ``--resume`` names: a folder, ``latest`` (there must be one) or ``auto``
+    (the latest if there is one, else None: start at step 0). None for an empty ``resume``."""
+    if not resume:
+        return None
+    if resume in ("latest", "auto"):
+        found = latest(checkpoint_dir, holds)
+        if found is None and resume == "latest":
+            raise UserError(f"--resume latest: no finished checkpoint in {checkpoint_dir} "
+                            "(--resume auto starts from step 0 when there is none)")
+        return found
+    return Path(resume)
+
+
+def prune(checkpoint_dir: str | Path, keep: int, holds: tuple[str, ...] = (METADATA, STATE_FILE)) -> list[Path]:
+    """Delete all but the ``keep`` newest finished checkpoints (keep 0: delete none); returns
+    what it deleted. Unfinished ``.partial`` folders are left to the next save of their step."""
+    done = sorted((p for p in Path(checkpoint_dir).glob("step_*")
+                   if p.name[5:].isdigit() and all((p / name).is_file() for name in holds)),
+                  key=lambda p: int(p.name[5:]))
+    old = done[:-keep] if keep > 0 else []
+    for path in old:
+        shutil.rmtree(path)
+    return old
+
+
 def keep_earlier_metrics(out: str | Path, step: int) -> None:
     """On resume: the lab reopens OUT/metrics.jsonl for writing; keep the interrupted run's lines aside."""
     old = Path(out) / "metrics.jsonl"
@@ -198,8 +231,11 @@ class Checkpoints:
                 shutil.rmtree(final)
             partial.rename(final)  # one step on one file system: complete, or not there at all
             size = sum(f.stat().st_size for f in final.iterdir())
-            print(f"checkpoint: {final} ({size / 1e6:.2f} MB, {self.world_size} shard files) "
-                  f"in {time.perf_counter() - start:.2f} s", flush=True)
+            # only now, with a newer one complete, may the oldest go
+            removed = prune(self.dir, self.cfg.keep_checkpoints)
+            print(f"checkpoint: {final} ({size / 1e6:.2f} MB, one file per rank, {self.world_size} ranks) "
+                  f"in {time.perf_counter() - start:.2f} s"
+                  + (f"; removed {', '.join(p.name for p in removed)}" if removed else ""), flush=True)
         dist.barrier()  # nobody goes on before the checkpoint has its final name
         return final
 
@@ -222,9 +258,9 @@ class Checkpoints:
 
     # --- begin resume ---
     def resume(self) -> int:
-        """Load ``cfg.resume`` (a step folder, or "latest") and return the step to run next.
+        """Load ``cfg.resume`` (a step folder, "latest" or "auto") and return the step to run next.
 
-        Without --resume, 0. Every rank calls it. Rank 0 checks all it can before a tensor
+        Without --resume (or with "auto" and no checkpoint yet), 0. Every rank calls it. Rank 0 checks all it can before a tensor
         is loaded (files and their sizes, config, shapes) and passes the verdict on, so a bad
         checkpoint stops every rank with the same one-line error and nothing loaded.
         """
@@ -240,6 +276,12 @@ class Checkpoints:
         error, path, step, saved_world_size, saved_rng = verdict[0]
         if error:
             raise UserError(error)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # torchrun counts its restarts
+        restarted = f" (torchrun restart {restart})" if restart != "0" else ""
+        if path is None:  # --resume auto, and nothing saved yet
+            if self.rank == 0:
+                print(f"--resume auto: no checkpoint in {self.dir} yet, starting at step 0{restarted}", flush=True)
+            return 0
         # a rank's RNG comes back only to the same rank of the same world size; else it is reseeded
         with_rng = saved_world_size == self.world_size and set(rng_states(self.device)) <= set(saved_rng)
         try:
@@ -254,16 +296,17 @@ class Checkpoints:
             torch.manual_seed(self.cfg.seed + 1000 * step + self.rank)
         if self.rank == 0:
             print(f"resumed from {path} at step {step} (saved by {saved_world_size} ranks, now "
-                  f"{self.world_size})" + ("" if with_rng else "; RNG reseeded: seed + 1000*step + rank"))
+                  f"{self.world_size})" + ("" if with_rng else "; RNG reseeded: seed + 1000*step + rank")
+                  + restarted, flush=True)
             keep_earlier_metrics(self.cfg.out, step)
         return step
 
     def _check(self) -> tuple:
         """On rank 0: (error or None, path, step, saved world size, saved RNG kinds)."""
         try:
-            path = latest(self.dir) if self.cfg.resume == "latest" else Path(self.cfg.resume)
-            if path is None:
-                raise UserError(f"--resume latest: no finished checkpoint in {self.dir}")
+            path = resume_point(self.cfg.resume, self.dir)
+            if path is None:  # --resume auto with nothing saved yet: a fresh start
+                return None, None, 0, 0, []
             train_state, metadata = inspect_checkpoint(path)
             saved = train_state.get("config", {})
             differ = [f"--{k.replace('_', '-')} is {saved.get(k)!r} there, {getattr(self.cfg, k)!r} here"
@@ -271,8 +314,9 @@ class Checkpoints:
             if differ:
                 raise UserError(f"checkpoint {path} was saved by a different run: {'; '.join(differ)} "
                                 "(resume with the same values)")
-            # DTensor.shape is the global shape, the one DCP's index records
-            here = {k: v.shape for k, v in self.model.state_dict().items()}
+            # DTensor.shape is the global shape, the one DCP's index records; DCP's keys
+            # never carry DDP's "module." prefix (get_state_dict drops it)
+            here = {k.removeprefix("module."): v.shape for k, v in self.model.state_dict().items()}
             there = {k[len(MODEL_PREFIX):]: m.size for k, m in metadata.state_dict_metadata.items()
                      if k.startswith(MODEL_PREFIX)}
             if problems := _mismatches(there, here, ("there", "here")):

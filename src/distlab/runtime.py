@@ -59,10 +59,27 @@ def init_distributed(device: torch.device, timeout_s: float = 120.0) -> None:
     options = {}
     if "RANK" not in os.environ:  # started without torchrun: a group of one, no network
         options = {"store": dist.HashStore(), "rank": 0, "world_size": 1}
+    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        rank, _, world_size = dist_env()
+        options = {"store": _store_of_this_attempt(world_size, timeout_s), "rank": rank, "world_size": world_size}
     dist.init_process_group(
         backend_for(device), timeout=timedelta(seconds=timeout_s),
         device_id=device if device.type == "cuda" else None, **options,
     )
+
+
+def _store_of_this_attempt(world_size: int, timeout_s: float) -> dist.Store:
+    """torchrun's key-value store, seen through a prefix that names this restart attempt.
+
+    torchrun (torch 2.13) keeps one store for the whole job, and after ``--max-restarts``
+    restarts a group, the keys the dead attempt wrote are still in it, among them the
+    addresses gloo's ranks listen on. A new rank can read a dead rank's address and fail
+    with "Connection refused" (measured: 3 restarts out of 3 failed so; see the fault
+    tolerance chapter). Keys under a prefix per attempt cannot be stale.
+    """
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=False, timeout=timedelta(seconds=timeout_s))
+    return dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def synchronize(device: torch.device) -> None:

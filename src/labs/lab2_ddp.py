@@ -3,14 +3,16 @@ r"""Lab 2: lab 1 + DistributedDataParallel. N ranks with batch B/N train like la
 Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces one):
     torchrun --standalone --nproc-per-node=2 src/labs/lab2_ddp.py --preset tiny --steps 50 --out runs/lab2
     torchrun --standalone --nproc-per-node=8 src/labs/lab2_ddp.py --preset shakespeare --dtype bf16
-    # two nodes: run this on each, with its own --node-rank, HOST reachable from both
-    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=8 --rdzv-backend=c10d \
+    # two nodes: run this same line on each (c10d numbers the nodes), HOST reachable from both
+    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
         --rdzv-endpoint=HOST:29500 --rdzv-id=lab2 src/labs/lab2_ddp.py --preset shakespeare
+    # a rank that dies restarts the group, which goes on from the newest checkpoint
+    torchrun --standalone --nproc-per-node=2 --max-restarts=3 src/labs/lab2_ddp.py --checkpoint-every 50 --resume auto
     # without torchrun it is one process, exactly lab 1
     python src/labs/lab2_ddp.py --preset tiny
 
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the
-trained weights, OUT/model.pt.
+trained weights, OUT/model.pt; with --checkpoint-every, OUT/checkpoints/step_NNNNNN.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from distlab.checkpoint import load_plain_weights
+from distlab.checkpoint import Checkpoints, load_plain_weights
 from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
 from distlab.errors import UserError
@@ -54,6 +56,9 @@ class TrainConfig:
     data: str = ""  # Tiny Shakespeare path; empty: $DISTLAB_DATA, the cache, a download
     init_from: str = ""  # start from these weights: a plain model.pt (lab outputs, or a converted checkpoint)
     out: str = "runs/lab2"  # directory for metrics.jsonl, summary.json and model.pt
+    checkpoint_every: int = 0  # save model, optimizer, step and RNG to OUT/checkpoints every N steps (0: never)
+    keep_checkpoints: int = 3  # keep the newest N checkpoints, delete older ones (0: keep all)
+    resume: str = ""  # go on from a checkpoint: its step_NNNNNN folder, latest, or auto (latest if any, else step 0)
     sample_chars: int = 200  # characters to sample from the trained model (0: none)
     timeout_s: float = 120.0  # a collective that waits longer than this fails instead of hanging
     progress: bool = True  # a progress bar on the main rank
@@ -122,6 +127,8 @@ def main() -> None:
         load_plain_weights(model, cfg.init_from)
     model = apply_ddp(model, device)  # move first, then wrap; rank 0's weights are broadcast
     optimizer = make_optimizer(model, cfg)
+    checkpoints = Checkpoints(cfg, model, optimizer)
+    start_step = checkpoints.resume()  # with --resume: model, optimizer, RNG loaded, else 0
     if is_main:
         print(f"config: {asdict(cfg)}")
         print(f"model: {count_parameters(model):,} parameters, data: {corpus.source}, device: {device}")
@@ -132,7 +139,7 @@ def main() -> None:
     train_loss = val_loss = float("nan")  # stay nan if no step runs (--steps 0)
     state = {}  # bytes of parameters, gradients and optimizer state, after the first step
     # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line there
-    bar = tqdm(range(cfg.steps), disable=not (is_main and cfg.progress), desc="train",
+    bar = tqdm(range(start_step, cfg.steps), disable=not (is_main and cfg.progress), desc="train",
                mininterval=0.1 if sys.stderr.isatty() else 10)
     for step in bar:
         lr = lr_at(step, cfg)
@@ -157,7 +164,7 @@ def main() -> None:
         # --- end train step ---
 
         seconds = time.perf_counter() - start
-        if step >= 2 or cfg.steps <= 2:  # the first steps pay for allocation and warm-up
+        if step >= start_step + 2 or cfg.steps - start_step <= 2:  # the first steps of a start warm up
             timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
         if not math.isfinite(train_loss):
             raise UserError(f"loss is {train_loss} at step {step}: training diverged (try a lower --lr)")
@@ -168,6 +175,7 @@ def main() -> None:
             record["val_loss"] = val_loss
         log.log(**record)
         bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}", refresh=False)
+        checkpoints.maybe_save(step)  # every --checkpoint-every steps: a replica is written once
 
     if math.isnan(val_loss):  # no step ran (--steps 0): evaluate the weights we started from
         val_loss = evaluate(model, data, cfg, T, rank, world_size, device)

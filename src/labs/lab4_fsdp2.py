@@ -7,14 +7,14 @@ Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces 
     torchrun --standalone --nproc-per-node=2 src/labs/lab4_fsdp2.py --preset tiny --checkpoint-every 50
     torchrun --standalone --nproc-per-node=8 src/labs/lab4_fsdp2.py --preset shakespeare \
         --batch-size 512 --micro-batch-size 16 --dtype bf16
-    # two nodes: run this on each, with its own --node-rank, HOST reachable from both
-    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=8 --rdzv-backend=c10d \
+    # two nodes: run this same line on each (c10d numbers the nodes), HOST reachable from both
+    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
         --rdzv-endpoint=HOST:29500 --rdzv-id=lab4 src/labs/lab4_fsdp2.py --preset shakespeare
     # without torchrun it is one process, holding the whole model; it can resume 2 ranks' checkpoint
     python src/labs/lab4_fsdp2.py --preset tiny --micro-batch-size 4 --resume latest
 
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the
-trained weights, OUT/model.pt.
+trained weights, OUT/model.pt; with --checkpoint-every, OUT/checkpoints/step_NNNNNN.
 """
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ class TrainConfig:
     init_from: str = ""  # start from these weights: a plain model.pt (lab outputs, or a converted checkpoint)
     out: str = "runs/lab4"  # directory for metrics.jsonl, summary.json and model.pt
     checkpoint_every: int = 0  # save a sharded checkpoint to OUT/checkpoints every N steps (0: never)
-    resume: str = ""  # go on from a checkpoint: its step_NNNNNN folder, or latest (in OUT/checkpoints)
+    keep_checkpoints: int = 3  # keep the newest N checkpoints, delete older ones (0: keep all)
+    resume: str = ""  # go on from a checkpoint: its step_NNNNNN folder, latest, or auto (latest if any, else step 0)
     sample_chars: int = 200  # characters to sample from the trained model (0: none)
     timeout_s: float = 120.0  # a collective that waits longer than this fails instead of hanging
     progress: bool = True  # a progress bar on the main rank
@@ -177,7 +178,7 @@ def main() -> None:
         # --- end train step ---
 
         seconds = time.perf_counter() - start
-        if step >= 2 or cfg.steps <= 2:  # the first steps pay for allocation and warm-up
+        if step >= start_step + 2 or cfg.steps - start_step <= 2:  # the first steps of a start warm up
             timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
         if not math.isfinite(train_loss):
             raise UserError(f"loss is {train_loss} at step {step}: training diverged (try a lower --lr)")

@@ -15,7 +15,7 @@ Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces 
     python src/labs/lab6_accelerate.py --preset tiny --micro-batch-size 4
 
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the
-trained weights, OUT/model.pt.
+trained weights, OUT/model.pt; with --checkpoint-every, OUT/checkpoints/step_NNNNNN.
 """
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ class TrainConfig:
     out: str = "runs/lab6"  # directory for metrics.jsonl, summary.json and model.pt
     fsdp: bool = False  # shard with FSDP2 (Accelerate's plugin on GPUs; fully_shard by hand on CPU)
     checkpoint_every: int = 0  # accelerator.save_state to OUT/checkpoints every N steps (0: never)
-    resume: str = ""  # go on from a checkpoint: its step_NNNNNN folder, or latest (in OUT/checkpoints)
+    keep_checkpoints: int = 3  # keep the newest N checkpoints, delete older ones (0: keep all)
+    resume: str = ""  # go on from a checkpoint: its step_NNNNNN folder, latest, or auto (latest if any, else step 0)
     ac: str = "full"  # activation checkpointing: none, full (keep block inputs) or selective (and matmul outputs)
     ac_every: int = 1  # checkpoint every k-th block (1: all of them)
     sample_chars: int = 200  # characters to sample from the trained model (0: none)
@@ -188,7 +189,7 @@ def main() -> None:
         # --- end train step ---
 
         seconds = time.perf_counter() - start
-        if step >= 2 or cfg.steps <= 2:  # the first steps pay for allocation and warm-up
+        if step >= start_step + 2 or cfg.steps - start_step <= 2:  # the first steps of a start warm up
             timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
         if not math.isfinite(train_loss):
             raise UserError(f"loss is {train_loss} at step {step}: training diverged (try a lower --lr)")
