@@ -36,7 +36,7 @@ def test_a_rank_that_dies_is_noticed_at_once_and_named_by_the_launcher():
     seen = outcome.notes[0]
     assert re.search(r"Connection (closed|reset) by peer", seen["error"])
     assert seen["waited_s"] < T / 2  # not the timeout: the kernel closed the dead rank's sockets
-    assert outcome.failed_rank == 1 and outcome.failure == "exit code -9"
+    assert outcome.failed_rank == 1 and outcome.failure == "exit code -9 (SIGKILL)"
 
 
 def test_detail_names_both_shapes_but_only_once_the_level_is_read_again(monkeypatch):
@@ -62,7 +62,7 @@ def sizes_differ(folder, sizes):
 def test_without_detail_other_sizes_abort_a_rank_inside_gloo(tmp_path):
     with pytest.raises(RankFailed) as info:
         run_ranks(sizes_differ, args=(str(tmp_path), (1, 1000)), pg_timeout=T, timeout=LIMIT, quiet=True)
-    assert info.value.rank == 0 and info.value.summary == "exit code -6"  # SIGABRT
+    assert info.value.rank == 0 and info.value.summary == "exit code -6 (SIGABRT)"
     stderr = (tmp_path / "stderr0").read_text()
     assert "gloo::EnforceNotMet" in stderr and "Received data size doesn't match expected size" in stderr
 

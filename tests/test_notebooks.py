@@ -1,7 +1,10 @@
-"""Every notebook of the book executes, one test each, and every page is a real notebook.
+"""The README's book command passes, strictly; every notebook of the book executes, one test
+each; and every page is a real notebook.
 
 The notebooks run once, in the strict book build (the ``built_book`` fixture); the tests
-here read the notebooks that build executed, so ``make test`` does not run them twice."""
+here read the notebooks that build executed, so ``make test`` does not run them twice.
+Every test that needs the build lives in this file: ``make test`` distributes whole files
+over its xdist workers (``--dist loadfile``), so one worker builds the book, once."""
 from pathlib import Path
 
 import nbformat
@@ -37,7 +40,17 @@ def test_page_is_a_myst_notebook(path):
     assert "```{code-cell}" in text
 
 
-@pytest.mark.xdist_group("book")  # on the worker that built the book (a session fixture per worker)
+def test_strict_build_passes_and_writes_every_page(built_book):
+    """`jupyter-book build book -W -n --keep-going`: warnings are errors, every page is written."""
+    proc, build = built_book
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    for page in toc_pages():
+        rel = page.relative_to(REPO_ROOT / "book").with_suffix(".html")
+        assert (build / "html" / rel).exists(), rel
+    lab = (build / "html" / "labs" / "lab1_single.html").read_text()
+    assert "<img" in lab and "Traceback" not in lab  # the loss plot, and no error output
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_notebook_executes(path, built_book):
     proc, build = built_book

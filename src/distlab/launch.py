@@ -109,15 +109,27 @@ def _failure_report(err, log_dir: str) -> tuple[int, str, str]:
         # "ExcType: first line of its message" names the cause; the rest is in details
         summary = next(iter(message.get("message", "").strip().splitlines()), "")
         details = message.get("extraInfo", {}).get("py_callstack", "")
-    if not summary:  # a script that exited non-zero: the last lines of its stderr say why
-        summary = f"exit code {failure.exitcode}"
+    if not summary:  # a script that exited non-zero, or a signal: its stderr says why
+        code = failure.exitcode
+        summary = f"exit code {code}"
+        if code < 0 and -code in signal.valid_signals():  # -9: SIGKILL (the OOM killer, kill -9)
+            summary += f" ({signal.Signals(-code).name})"
         # one node, so the global rank is the local rank that names the log folder
         logs = sorted(Path(log_dir).glob(f"*/attempt_*/{rank}/stderr.log"))
         if logs:
             lines = [ln for ln in logs[-1].read_text(errors="replace").splitlines() if ln.strip()]
-            if lines:
-                summary, details = lines[-1], "\n".join(lines[-20:])
+            # the last line that names an error; after a C++ abort, Python's fatal-error dump
+            # (thread stacks, "Extension modules: ...") comes after it
+            cause = next((ln for ln in reversed(lines) if _NAMES_AN_ERROR.search(ln)), None)
+            if code > 0 and lines:
+                summary = cause or lines[-1]
+            elif cause:
+                summary += f": {cause.strip()}"
+            details = "\n".join(lines[-40:])
     return rank, summary, details
+
+
+_NAMES_AN_ERROR = re.compile(r"Error\b|error:|Exception\b|what\(\)|Timed out|doesn't match")
 
 
 def _launcher_main(spec_path: str) -> None:
