@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distlab.debug_demos import (analyse_flight_recorder, dying_rank_demo, hung_job_demo,
-                                 late_rank_demo, metrics_demo, observe, recorded_job_demo,
-                                 replicas_demo, shapes_demo)
+from distlab.debug_demos import (dying_rank_demo, hung_job_demo, late_rank_demo, metrics_demo,
+                                 observe, recorded_job_demo, replicas_demo, shapes_demo)
+from distlab.debug_tools import analyse_flight_recorder
 from distlab.launch import RankFailed, run_ranks
 
 T = 1.5  # the process-group timeout of these tests, in seconds

@@ -40,10 +40,18 @@ def test_page_is_a_myst_notebook(path):
     assert "```{code-cell}" in text
 
 
+def build_failure(proc) -> str:
+    """What names the cause in a failed build's output: the failing cell and its traceback
+    (nbclient's report, which the build prints long before its own final traceback)."""
+    text = proc.stdout + proc.stderr
+    at = text.find("An error occurred while executing the following cell")
+    return text[max(0, at - 300):at + 8000] if at >= 0 else text[-8000:]
+
+
 def test_strict_build_passes_and_writes_every_page(built_book):
     """`jupyter-book build book -W -n --keep-going`: warnings are errors, every page is written."""
     proc, build = built_book
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, build_failure(proc)
     for page in toc_pages():
         rel = page.relative_to(REPO_ROOT / "book").with_suffix(".html")
         assert (build / "html" / rel).exists(), rel
@@ -57,7 +65,7 @@ def test_notebook_executes(path, built_book):
     rel = path.relative_to(REPO_ROOT / "book") if (REPO_ROOT / "book") in path.parents \
         else Path("labs") / path.name
     executed = build / "jupyter_execute" / rel.with_suffix(".ipynb")
-    assert executed.exists(), f"the book build did not execute {rel}:\n" + proc.stdout[-4000:]
+    assert executed.exists(), f"the book build did not execute {rel}:\n" + build_failure(proc)[:3000]
     notebook = nbformat.read(executed, as_version=4)
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     assert code and all(cell.get("execution_count") for cell in code), f"{rel}: cells not executed"
