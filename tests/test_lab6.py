@@ -4,7 +4,6 @@
 The Accelerate chapter runs the three quiet fallbacks (no cpu=True, the FSDP plugin on
 CPU, ``accelerate launch --cpu``) and asserts that lab 6's checks catch them."""
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from conftest import REPO_ROOT, run_lab
 from test_lab2_lab3 import torchrun
 from distlab.accel import check_fsdp_request
 from distlab.errors import UserError
+from distlab.launch import free_port
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import GPT, preset
 
@@ -27,9 +27,7 @@ TEN_STEPS = ["--preset", "tiny", "--steps", "10", "--batch-size", "16", "--seed"
 
 def accelerate_launch(nprocs: int, *args, timeout: float = 300) -> subprocess.CompletedProcess:
     """``accelerate launch`` as the chapter shows it, on a free port of 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     multi = ["--multi_gpu"] if nprocs > 1 else []  # "multi_gpu" is its name for N local processes
     return subprocess.run(
         [str(Path(sys.executable).parent / "accelerate"), "launch", *multi, "--num_processes", str(nprocs),

@@ -1,8 +1,6 @@
 """Exact resume for labs 2-4, saves that survive a kill, and torchrun restarting a group
 that lost a rank. Every comparison is with a run that was never interrupted (fp32, CPU)."""
 import json
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +9,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from conftest import REPO_ROOT
 from distlab.checkpoint import inspect_checkpoint, latest, prune, resume_point
 from distlab.errors import UserError
-from distlab.fault_injection import kill, torchrun_killing_a_rank
+from distlab.fault_injection import kill_when_stalled, torchrun_killing_a_rank
 from distlab.launch import RankFailed, run_script
 from distlab.metrics import read_metrics, read_summary
 
@@ -74,16 +72,7 @@ def test_prune_and_resume_point_rules(tmp_path):
 
 def run_until_killed(args: list, marker: Path, timeout: float = 120) -> RankFailed:
     """Run the stalled lab on 2 ranks; SIGKILL rank 0 once it waits inside the save."""
-    def kill_when_stalled():
-        deadline = time.monotonic() + timeout
-        while not marker.exists() or not marker.read_text().strip():
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.02)
-        kill(int(marker.read_text()))
-
-    killer = threading.Thread(target=kill_when_stalled, daemon=True)
-    killer.start()
+    killer = kill_when_stalled(marker, timeout)
     with pytest.raises(RankFailed) as failed:
         run_script(REPO_ROOT / "src" / "distlab" / "fault_injection.py", args, nprocs=2,
                    timeout=timeout, quiet=True)

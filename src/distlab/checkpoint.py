@@ -154,12 +154,17 @@ def inspect_checkpoint(path: str | Path):
     return train_state, metadata
 
 
-def latest(checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE_FILE)) -> Path | None:
-    """The finished checkpoint with the most steps in ``checkpoint_dir`` (a ``step_N`` folder
-    holding the files ``holds`` names; ``.partial`` folders never match), or None."""
+def finished(checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE_FILE)) -> list[Path]:
+    """The finished checkpoints in ``checkpoint_dir``, oldest first: ``step_N`` folders holding
+    the files ``holds`` names (``.partial`` folders never match)."""
     done = [p for p in Path(checkpoint_dir).glob("step_*")
             if p.name[5:].isdigit() and all((p / name).is_file() for name in holds)]
-    return max(done, key=lambda p: int(p.name[5:]), default=None)
+    return sorted(done, key=lambda p: int(p.name[5:]))
+
+
+def latest(checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE_FILE)) -> Path | None:
+    """The finished checkpoint with the most steps in ``checkpoint_dir``, or None."""
+    return (finished(checkpoint_dir, holds) or [None])[-1]
 
 
 def resume_point(resume: str, checkpoint_dir: str | Path,
@@ -180,9 +185,7 @@ def resume_point(resume: str, checkpoint_dir: str | Path,
 def prune(checkpoint_dir: str | Path, keep: int, holds: tuple[str, ...] = (METADATA, STATE_FILE)) -> list[Path]:
     """Delete all but the ``keep`` newest finished checkpoints (keep 0: delete none); returns
     what it deleted. Unfinished ``.partial`` folders are left to the next save of their step."""
-    done = sorted((p for p in Path(checkpoint_dir).glob("step_*")
-                   if p.name[5:].isdigit() and all((p / name).is_file() for name in holds)),
-                  key=lambda p: int(p.name[5:]))
+    done = finished(checkpoint_dir, holds)
     old = done[:-keep] if keep > 0 else []
     for path in old:
         shutil.rmtree(path)

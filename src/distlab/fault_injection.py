@@ -53,6 +53,22 @@ def stall_on(save_number: int, where: str, marker: Path) -> None:
     setattr(owner, name, patched)
 
 
+def kill_when_stalled(marker: Path, timeout: float = 120) -> threading.Thread:
+    """Start a thread that SIGKILLs the process whose pid ``stall_on`` writes to ``marker``,
+    as soon as it is there (or gives up after ``timeout`` seconds); join it after the run."""
+    def watch():
+        deadline = time.monotonic() + timeout
+        while not marker.exists() or not marker.read_text().strip():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        kill(int(marker.read_text()))
+
+    killer = threading.Thread(target=watch, daemon=True)
+    killer.start()
+    return killer
+
+
 def torchrun_workers(agent_pid: int) -> dict[int, int]:
     """{global rank: pid} of the workers a torchrun agent (process ``agent_pid``) started,
     read from /proc (Linux): the agent's children, each with RANK in its environment."""

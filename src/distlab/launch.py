@@ -50,7 +50,15 @@ class PortInUse(OSError):
     """The rendezvous port asked for is taken; nothing was started."""
 
 
-def _check_port_free(port: int) -> None:
+def free_port() -> int:
+    """A port on 127.0.0.1 that is free now. Another program could take it before it is
+    bound; ``check_port_free`` just before starting says so instead of waiting forever."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
     # torchrun's c10d rendezvous on a port some other program listens on waits forever
     # (measured with torch 2.13), so refuse up front with the cause
     with socket.socket() as probe:
@@ -100,6 +108,10 @@ def _script_entry(path: str, argv: tuple) -> None:
         raise
 
 
+# a stderr line that names the cause of a failure
+_NAMES_AN_ERROR = re.compile(r"Error\b|error:|Exception\b|what\(\)|Timed out|doesn't match")
+
+
 def _failure_report(err, log_dir: str) -> tuple[int, str, str]:
     """(rank, one-line summary, details) of the rank that failed first: the root cause."""
     rank, failure = err.get_first_failure()
@@ -128,8 +140,6 @@ def _failure_report(err, log_dir: str) -> tuple[int, str, str]:
             details = "\n".join(lines[-40:])
     return rank, summary, details
 
-
-_NAMES_AN_ERROR = re.compile(r"Error\b|error:|Exception\b|what\(\)|Timed out|doesn't match")
 
 
 def _launcher_main(spec_path: str) -> None:
@@ -234,7 +244,7 @@ def _launch_once(entrypoint, args: tuple, nprocs: int, timeout: float, device: s
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
     if port:
-        _check_port_free(port)
+        check_port_free(port)
     with tempfile.TemporaryDirectory(prefix="distlab-launch-") as tmp:
         spec_path, result_path = Path(tmp, "spec.pkl"), Path(tmp, "result.pkl")
         spec_path.write_bytes(pickle.dumps({

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlab.launch import REPO_ROOT, LaunchTimeout, _check_port_free
+from distlab.launch import REPO_ROOT, LaunchTimeout, check_port_free, free_port
 
 __all__ = ["Node", "free_port", "torchrun_command", "run_nodes", "shell", "WORKER_ENV",
            "sbatch_directives", "run_sbatch_emulated", "SBATCH_SCRIPT", "EMULATED_SLURM"]
@@ -62,15 +62,6 @@ class Node:
         """The last non-empty line of stderr: where torchrun and Python put the cause."""
         lines = [line for line in self.stderr.splitlines() if line.strip()]
         return lines[-1] if lines else ""
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 that is free now (as ``spawn_example.free_port``, without
-    importing torch: this module is also a light worker). Another program could take it
-    before the first node binds it; ``run_nodes`` checks it once more just before starting."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_command(target: list[str], *, nnodes: int, nproc_per_node: int, endpoint: str,
@@ -134,7 +125,7 @@ def run_nodes(commands: list[list[str]], timeout: float, env: dict | None = None
     it has joined the rendezvous before the others.
     """
     for p in {port, *_local_rendezvous_ports(commands)} - {0}:
-        _check_port_free(p)
+        check_port_free(p)
     endpoint = [min(_local_rendezvous_ports([c]), default=0) for c in commands]
     leaders = {p: i for i, p in reversed(list(enumerate(endpoint)))}  # port -> its first command
     order = sorted(range(len(commands)), key=lambda i: (first_alone and leaders.get(endpoint[i]) != i, i))
