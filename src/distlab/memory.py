@@ -94,3 +94,74 @@ def activation_bytes_formula(cfg: GPTConfig, batch: int, seq_len: int) -> dict[s
     ids = 8 * (B * T + T + B * T) + fp32
     return {"blocks": L * per_block, "per_block": per_block, "outside_blocks": head + ids,
             "total": L * per_block + head + ids}
+
+
+# the tracker's categories, by the names the labs' summaries use
+_KINDS = {"PARAM": "params", "BUFFER": "buffers", "GRAD": "grads", "ACT": "activations",
+          "TEMP": "temporaries", "OPT": "optimizer", "OTH": "other", "Total": "total",
+          # FSDPMemTracker's own: a rank's shards, the whole tensors it gathers for a while, and
+          # the buffers of the collectives themselves
+          "SHARDED_PARAM": "sharded_params", "UNSHARDED_PARAM": "unsharded_params",
+          "SHARDED_GRAD": "sharded_grads", "UNSHARDED_GRAD": "unsharded_grads",
+          "ALL_GATHER": "all_gather", "REDUCE_SCATTER": "reduce_scatter", "INP": "inputs"}
+
+
+class StepMemory:
+    """Peak bytes by kind during one training step of a lab, from PyTorch's memory tracker.
+
+        memory = StepMemory(model, optimizer, enabled=cfg.track_memory)
+        for step in ...:
+            memory.begin()
+            ...  # the train step
+            memory.end()
+        memory.peak  # {"params": ..., "grads": ..., "optimizer": ..., "activations": ..., "total": ...}
+
+    ``MemTracker`` (``FSDPMemTracker`` for an FSDP2 model) attributes every tensor this rank
+    allocates to parameters, gradients, optimizer state, activations or temporaries, on CPU
+    and GPU alike (private APIs of torch 2.13). It slows the step it watches, so this watches
+    the second step a run makes, which the labs leave out of their timing; the first would
+    miss AdamW's state, which is created lazily. ``peak`` is the moment this rank held the
+    most bytes, split by kind (the kinds add up to ``total``). On CUDA, ``cuda_max_allocated`` adds the
+    allocator's own peak over the whole run. Disabled, it does nothing.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, enabled: bool = True):
+        self.model, self.optimizer, self.enabled = model, optimizer, enabled
+        self.peak: dict[str, int] = {}
+        self._steps_seen = 0
+        self._tracker = None
+
+    def begin(self) -> None:
+        self._steps_seen += 1
+        if self.enabled and self._steps_seen == 2:
+            self._tracker = self._make_tracker()
+            self._tracker.__enter__()
+
+    def end(self) -> None:
+        if self._tracker is None:
+            return
+        self._tracker.__exit__(None, None, None)
+        snapshot = self._tracker.get_tracker_snapshot("peak")
+        self._tracker = None
+        device = next(p.device for p in self.model.parameters())
+        by_kind = snapshot.get(device) or next(iter(snapshot.values()))
+        self.peak = {_KINDS.get(str(kind).rsplit(".", 1)[-1], str(kind)): int(n) for kind, n in by_kind.items()}
+        if device.type == "cuda":
+            self.peak["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device)
+
+    def _make_tracker(self):
+        from torch.distributed.fsdp import FSDPModule
+
+        optimizer = self.optimizer
+        while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+            optimizer = optimizer.optimizer  # Accelerate's wrapper: the trackers hook the real one
+
+        if isinstance(self.model, FSDPModule):
+            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+            return FSDPMemTracker(self.model, optimizer)
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        tracker.track_external(self.model, optimizer)
+        return tracker

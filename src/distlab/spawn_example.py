@@ -89,6 +89,7 @@ def train(rank: int, world_size: int, port: int | None, steps: int = 5,
               f"{x.shape[0]} of {GLOBAL_BATCH} rows each, "
               f"loss {losses[0]:.4f} -> {losses[-1]:.4f}\n", end="", flush=True)
     finally:
+        model = None  # free DDP before its group: destroyed from DDP's side, gloo can hang (debugging chapter)
         cleanup()
 
 

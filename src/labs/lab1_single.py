@@ -25,7 +25,7 @@ from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
 from distlab.errors import UserError
 from distlab.flops import FLOPS_FORMULA, device_name, flops_per_token, measured_peak_flops
-from distlab.memory import state_bytes
+from distlab.memory import StepMemory, state_bytes
 from distlab.metrics import RunLog
 from distlab.model import GPT, PRESETS, count_parameters, preset
 from distlab.runtime import DTYPES, autocast, pick_device, synchronize
@@ -51,6 +51,7 @@ class TrainConfig:
     out: str = "runs/lab1"  # directory for metrics.jsonl, summary.json and model.pt
     sample_chars: int = 200  # characters to sample from the trained model (0: none)
     progress: bool = True  # a progress bar on the main rank
+    track_memory: bool = False  # peak bytes by kind in the 2nd step (PyTorch's MemTracker; slows that step)
 
     def __post_init__(self):
         require_positive(self, "batch_size", "eval_every", "eval_batches")
@@ -120,6 +121,7 @@ def main() -> None:
     timed_steps, timed_seconds = 0, 0.0
     train_loss = val_loss = float("nan")  # stay nan if no step runs (--steps 0)
     state = {}  # bytes of parameters, gradients and optimizer state, after the first step
+    memory = StepMemory(model, optimizer, enabled=cfg.track_memory)  # peak bytes by kind, if asked
     # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line there
     bar = tqdm(range(cfg.steps), disable=not (is_main and cfg.progress), desc="train",
                mininterval=0.1 if sys.stderr.isatty() else 10)
@@ -130,6 +132,7 @@ def main() -> None:
         synchronize(device)
         start = time.perf_counter()
 
+        memory.begin()
         # --- begin train step ---
         x, y = data.batch("train", step, cfg.batch_size, T, cfg.seed, rank, world_size, device)
         with autocast(device, cfg.dtype):
@@ -142,6 +145,7 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         train_loss = loss.item()  # waits for the step to finish
         # --- end train step ---
+        memory.end()
 
         seconds = time.perf_counter() - start
         if step >= 2 or cfg.steps <= 2:  # the first steps pay for allocation and warm-up
@@ -174,7 +178,7 @@ def main() -> None:
         "world_size": world_size, "steps": cfg.steps, "global_batch": cfg.batch_size,
         "tokens_per_step": tokens_per_step, "tokens_per_s": tokens_per_s,
         "final_train_loss": train_loss, "final_val_loss": val_loss,
-        "parameters": count_parameters(model), "state_bytes_per_rank": state,
+        "parameters": count_parameters(model), "state_bytes_per_rank": state, "peak_bytes_by_kind": memory.peak,
         "flops_per_token": flops_per_token(model_cfg), "flops_formula": FLOPS_FORMULA,
         "achieved_flops_per_s": flops, "peak_flops_per_s": peak, "mfu": flops / peak,
         "data": corpus.source, "torch": torch.__version__, "config": asdict(cfg), "sample": sample,

@@ -35,7 +35,7 @@ from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
 from distlab.errors import UserError
 from distlab.flops import FLOPS_FORMULA, device_name, flops_per_token, measured_peak_flops
-from distlab.memory import state_bytes
+from distlab.memory import StepMemory, state_bytes
 from distlab.metrics import RunLog
 from distlab.model import GPT, PRESETS, count_parameters, preset
 from distlab.parallel import AC_MODES, apply_activation_checkpointing, apply_fsdp, full_state_dict
@@ -71,6 +71,7 @@ class TrainConfig:
     sample_chars: int = 200  # characters to sample from the trained model (0: none)
     timeout_s: float = 120.0  # a collective that waits longer than this fails instead of hanging
     progress: bool = True  # a progress bar on the main rank
+    track_memory: bool = False  # peak bytes by kind in the 2nd step (PyTorch's MemTracker; slows that step)
 
     def __post_init__(self):
         require_positive(self, "batch_size", "micro_batch_size", "eval_every", "eval_batches", "ac_every")
@@ -161,6 +162,7 @@ def main() -> None:
     timed_steps, timed_seconds = 0, 0.0
     train_loss = val_loss = float("nan")  # stay nan if no step runs (--steps 0)
     state = {}  # bytes of parameters, gradients and optimizer state, after the first step
+    memory = StepMemory(model, optimizer, enabled=cfg.track_memory)  # peak bytes by kind, if asked
     # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line there
     bar = tqdm(range(start_step, cfg.steps), disable=not (is_main and cfg.progress), desc="train",
                mininterval=0.1 if sys.stderr.isatty() else 10)
@@ -171,6 +173,7 @@ def main() -> None:
         synchronize(device)
         start = time.perf_counter()
 
+        memory.begin()
         # --- begin train step ---
         x, y = data.batch("train", step, cfg.batch_size, T, cfg.seed, rank, world_size, device)
         loss = torch.zeros((), device=device)
@@ -187,6 +190,7 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         train_loss = accelerator.reduce(loss, "mean").item()  # this rank's B/N rows -> the global mean
         # --- end train step ---
+        memory.end()
 
         seconds = time.perf_counter() - start
         if step >= start_step + 2 or cfg.steps - start_step <= 2:  # the first steps of a start warm up
@@ -223,7 +227,7 @@ def main() -> None:
         "world_size": world_size, "accum_steps": accum_steps, "steps": cfg.steps, "global_batch": cfg.batch_size,
         "tokens_per_step": tokens_per_step, "tokens_per_s": tokens_per_s,
         "final_train_loss": train_loss, "final_val_loss": val_loss,
-        "parameters": count_parameters(model), "state_bytes_per_rank": state,
+        "parameters": count_parameters(model), "state_bytes_per_rank": state, "peak_bytes_by_kind": memory.peak,
         "flops_per_token": flops_per_token(model_cfg), "flops_formula": FLOPS_FORMULA,
         "achieved_flops_per_s": flops, "peak_flops_per_s": peak, "mfu": flops / peak,
         "data": corpus.source, "torch": torch.__version__, "config": asdict(cfg), "sample": sample,
@@ -234,7 +238,9 @@ def main() -> None:
         torch.save(weights, Path(cfg.out) / "model.pt")  # plain keys and tensors: lab 1 loads it
         print(f"tokens/s {tokens_per_s:,.0f}  MFU {flops / peak:.2f} of measured peak "
               f"{peak / 1e9:,.0f} GFLOP/s  final loss {train_loss:.4f}  val {val_loss:.4f}")
-    accelerator.end_training()
+    # the model holds the group: freed after the group is destroyed, gloo can hang (book: Debugging)
+    model, optimizer = accelerator.free_memory(model, optimizer)  # the accelerator's references too
+    accelerator.end_training()  # destroys the group: the last reference, dropped here
 
 
 if __name__ == "__main__":
