@@ -1,7 +1,6 @@
 """Lab 4's sharded checkpoints: resuming gives the losses of never stopping, on the same number
 of ranks and on others; a checkpoint converts to the plain file lab 1 loads; bad checkpoints
 stop every rank with one line before anything is loaded."""
-import importlib.util
 import json
 import os
 import pickle
@@ -16,6 +15,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from conftest import REPO_ROOT, run_lab
+from distlab.bench import load_lab
 from distlab.checkpoint import inspect_checkpoint, latest, load_plain_weights
 from distlab.errors import UserError
 from distlab.launch import run_ranks
@@ -213,11 +213,8 @@ def test_init_from_loads_tensors_only_and_names_the_mismatch(tmp_path):
 
 
 @pytest.mark.parametrize("lab", ["lab1_single", "lab2_ddp", "lab3_grad_accum", "lab4_fsdp2"])
-def test_every_lab_takes_zero_steps_but_not_fewer(lab, monkeypatch):
-    spec = importlib.util.spec_from_file_location(lab, REPO_ROOT / "src" / "labs" / f"{lab}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, lab, module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
+def test_every_lab_takes_zero_steps_but_not_fewer(lab):
+    module = load_lab(lab)
     assert module.TrainConfig(steps=0).steps == 0
     with pytest.raises(UserError, match="--steps must be 0 or more, got -1"):
         module.TrainConfig(steps=-1)

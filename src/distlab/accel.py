@@ -97,7 +97,9 @@ def strategy_of(model: nn.Module) -> str:
 
 def check_strategy(model: nn.Module, accelerator, fsdp: bool) -> str:
     """The strategy in use after ``prepare``; an error if it is not the one asked for."""
-    want = "fsdp2" if fsdp else ("ddp" if accelerator.num_processes > 1 else "single")
+    # DDP whenever Accelerate runs distributed: under torchrun that includes a single process
+    distributed = accelerator.distributed_type != "NO"  # DistributedType is a str enum
+    want = "fsdp2" if fsdp else ("ddp" if distributed else "single")
     got = strategy_of(model)
     if got != want:
         raise UserError(f"asked for {want} but the prepared model is {got} "

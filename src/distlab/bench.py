@@ -1,105 +1,148 @@
-"""Benchmark lab 1: tokens/s and MFU, per dtype, on the machine it runs on.
+"""Benchmark the labs: every strategy on the same workload, at 1, 2, 4... ranks.
 
-    python -m distlab.bench --preset shakespeare --batch-size 16 --steps 30 --dtypes fp32 bf16
+    python -m distlab.bench --preset shakespeare --batch-size 16 --steps 12 --ranks 1 2 4
+    python -m distlab.bench --labs 1 2 --ranks 1 2 --preset tiny --steps 5 --out /tmp/b.json
 
-Each dtype is a real run of ``src/labs/lab1_single.py``; the figures are read from the
-``summary.json`` it writes (the first two steps are left out of tokens/s), and the
-results are written together to ``--out/bench.json`` with where they were measured.
+Each run is a real run of a lab script, ``src/labs/labN_*.py``, launched as torchrun would
+launch it, with the same options for every lab: model preset, global batch, steps, dtype
+and, for labs 3 to 6, micro-batch size (so each lab differs from the one before by its one
+feature). From each run's ``summary.json`` and ``metrics.jsonl`` the result keeps tokens/s
+(the first two steps left out), MFU against the measured matmul peak, bytes of model state
+per rank, the peak bytes by kind of rank 0's second step (PyTorch's MemTracker, the labs'
+``--track-memory``), the losses, and the exact command line. Lab 1 runs on one process only.
+
+The result goes to ``--out`` (default ``results/bench/<device>_<preset>_<dtype>.json``)
+with its provenance; the Benchmarks chapter reads these files and never reruns them.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
-import subprocess
+import dataclasses
+import functools
+import importlib.util
 import sys
+import time
+import types
 from pathlib import Path
 
-import torch
-
-from distlab.flops import device_name
-from distlab.launch import REPO_ROOT, run_script
-from distlab.metrics import read_summary
+from distlab.launch import REPO_ROOT, LaunchTimeout, RankFailed, run_script
+from distlab.metrics import read_metrics, read_summary
+from distlab.provenance import provenance, write_result
 from distlab.runtime import pick_device
 
+SCHEMA = 1  # bump when the layout of a result file changes; the tests read this layout
+LABS = {1: "lab1_single", 2: "lab2_ddp", 3: "lab3_grad_accum", 4: "lab4_fsdp2",
+        5: "lab5_activation_ckpt", 6: "lab6_accelerate"}
+# what the result keeps of each lab's summary.json
+KEPT = ("lab", "strategy", "world_size", "accum_steps", "dtype", "device", "device_name", "tokens_per_step",
+        "tokens_per_s", "achieved_flops_per_s", "peak_flops_per_s", "mfu", "state_bytes_per_rank",
+        "peak_bytes_by_kind", "final_train_loss", "final_val_loss", "parameters", "config")
 
-def _commit() -> str:
-    """The commit measured; "+dirty" when tracked files had uncommitted changes."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+
+def lab_path(lab: str) -> Path:
+    return REPO_ROOT / "src" / "labs" / f"{lab}.py"
+
+
+@functools.cache
+def load_lab(lab: str) -> types.ModuleType:
+    """A lab script as a module (its TrainConfig, its functions); its main() does not run."""
+    name = f"distlab_lab_{lab}"
+    spec = importlib.util.spec_from_file_location(name, lab_path(lab))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def lab_options(lab: str) -> set[str]:
+    """The option names (``micro_batch_size``...) of a lab script, read from its TrainConfig."""
+    return {field.name for field in dataclasses.fields(load_lab(lab).TrainConfig)}
+
+
+def lab_args(lab: str, workload: dict, out: Path) -> list[str]:
+    """The command line of one run: the workload's options, plus what every benchmark run needs."""
+    args = ["--preset", workload["preset"], "--batch-size", workload["global_batch"],
+            "--steps", workload["steps"], "--dtype", workload["dtype"], "--device", workload["device"],
+            "--eval-batches", workload["eval_batches"], "--sample-chars", 0, "--no-progress",
+            "--track-memory", "--out", out]
+    if "micro_batch_size" in lab_options(lab):
+        args += ["--micro-batch-size", workload["micro_batch_size"]]
+    return [str(a) for a in args]
+
+
+def run_one(lab: str, nprocs: int, workload: dict, runs_dir: Path, timeout: float) -> dict:
+    """One lab at ``nprocs`` ranks: its figures, or the error that stopped it."""
+    out = runs_dir / f"{lab}_{nprocs}ranks"
+    args = lab_args(lab, workload, out)
+    record = {"lab": lab, "world_size": nprocs,
+              "command": f"torchrun --nproc-per-node={nprocs} src/labs/{lab}.py " + " ".join(args)}
     try:
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-        return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        run_script(lab_path(lab), args, nprocs=nprocs, timeout=timeout, device=workload["device"], quiet=True)
+    except (RankFailed, LaunchTimeout) as err:
+        return {**record, "error": str(err).splitlines()[0]}
+    summary = read_summary(out)
+    record.update({key: summary.get(key) for key in KEPT})
+    record["step_s"] = summary["tokens_per_step"] / summary["tokens_per_s"]
+    record["losses"] = [m["loss"] for m in read_metrics(out)]
+    return record
 
 
-def write_result(result: dict, path: str | Path) -> Path:
-    """Write a benchmark's result (with its provenance) as indented JSON, and say where."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"written: {path}")
-    return path
-
-
-def provenance(module: str, argv: list[str] | None) -> dict:
-    """Where and when a measurement was made, and the command that made it."""
-    command = " ".join(sys.argv[1:] if argv is None else map(str, argv))
-    return {
-        "machine": device_name(pick_device("auto")), "cpu_count": os.cpu_count(),
-        "platform": platform.platform(), "torch": torch.__version__, "commit": _commit(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": f"python -m {module} {command}".strip(),
-    }
+def describe(run: dict) -> str:
+    if "error" in run:
+        return f"failed: {run['error']}"
+    memory = run["peak_bytes_by_kind"].get("total", 0) / 1e6
+    return (f"{run['tokens_per_s']:9,.0f} tokens/s  MFU {run['mfu']:.2f}  state "
+            f"{run['state_bytes_per_rank']['total'] / 1e6:6.1f} MB/rank  peak {memory:6.1f} MB  "
+            f"loss {run['final_train_loss']:.4f}")
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m distlab.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--labs", type=int, nargs="+", default=list(LABS), choices=list(LABS),
+                        help="which labs (default: 1 2 3 4 5 6)")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4],
+                        help="rank counts to run labs 2-6 at; lab 1 always runs on 1 (default: 1 2 4)")
     parser.add_argument("--preset", default="shakespeare", help="model preset (default: shakespeare)")
-    parser.add_argument("--batch-size", type=int, default=16, help="global batch (default: 16)")
-    parser.add_argument("--steps", type=int, default=30, help="steps per run, first 2 untimed (default: 30)")
-    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], help="dtypes to run (default: fp32 bf16)")
+    parser.add_argument("--batch-size", type=int, default=16, help="global batch, sequences per step (default: 16)")
+    parser.add_argument("--micro-batch-size", type=int, default=4,
+                        help="sequences per forward/backward on a rank, labs 3-6 (default: 4)")
+    parser.add_argument("--steps", type=int, default=12, help="steps per run; the first 2 are not timed (default: 12)")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="(default: fp32)")
+    parser.add_argument("--eval-batches", type=int, default=4, help="batches in the final validation loss (default: 4)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
-    parser.add_argument("--out", default="runs/bench", help="directory for runs and bench.json")
+    parser.add_argument("--out", default="", help="result file (default: results/bench/<device>_<preset>_<dtype>.json)")
+    parser.add_argument("--runs-dir", default="runs/bench", help="where the runs write their logs (default: runs/bench)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run before it is killed")
     args = parser.parse_args(argv)
     if args.steps < 3:
         parser.error("--steps must be at least 3 (the first two steps are not timed)")
+    for n in args.ranks:
+        if n < 1 or args.batch_size % (n * args.micro_batch_size):
+            parser.error(f"--batch-size {args.batch_size} does not split into micro-batches of "
+                         f"{args.micro_batch_size} over {n} ranks")
 
-    out = Path(args.out)
-    runs = {}
-    for dtype in args.dtypes:
-        run_dir = out / f"lab1_{args.preset}_{dtype}"
-        print(f"== lab 1, {args.preset}, batch {args.batch_size}, {args.steps} steps, {dtype}", flush=True)
-        run_script("src/labs/lab1_single.py",
-                   ["--preset", args.preset, "--batch-size", args.batch_size, "--steps", args.steps,
-                    "--dtype", dtype, "--device", args.device, "--eval-batches", 1,
-                    "--sample-chars", 0, "--out", run_dir], timeout=args.timeout)
-        runs[dtype] = read_summary(run_dir)
+    device = pick_device(args.device)
+    workload = {"preset": args.preset, "global_batch": args.batch_size, "micro_batch_size": args.micro_batch_size,
+                "steps": args.steps, "dtype": args.dtype, "device": args.device, "eval_batches": args.eval_batches}
+    plan = [(LABS[lab], n) for n in sorted(set(args.ranks)) for lab in args.labs if lab != 1 or n == 1]
+    if 1 in args.labs and 1 not in args.ranks:
+        plan.insert(0, (LABS[1], 1))
+    runs_dir = Path(args.runs_dir)
+    runs = []
+    for i, (lab, n) in enumerate(plan, 1):
+        start = time.perf_counter()
+        print(f"[{i}/{len(plan)}] {lab} on {n} rank(s) ...", end="", flush=True)
+        runs.append(run_one(lab, n, workload, runs_dir, args.timeout))
+        print(f" {time.perf_counter() - start:4.0f} s  {describe(runs[-1])}", flush=True)
 
-    result = {
-        "provenance": provenance("distlab.bench", argv),
-        "runs": {dtype: {k: s[k] for k in ("preset", "dtype", "device", "global_batch", "steps", "tokens_per_s",
-                                           "achieved_flops_per_s", "peak_flops_per_s", "mfu", "final_train_loss")}
-                 for dtype, s in runs.items()},
-    }
-    print(f"\n{'dtype':6} {'tokens/s':>10} {'step s':>8} {'GFLOP/s':>9} {'peak':>8} {'MFU':>6}")
-    for dtype, s in result["runs"].items():
-        step_s = runs[dtype]["tokens_per_step"] / s["tokens_per_s"]
-        print(f"{dtype:6} {s['tokens_per_s']:10,.0f} {step_s:8.2f} {s['achieved_flops_per_s'] / 1e9:9.1f} "
-              f"{s['peak_flops_per_s'] / 1e9:8.1f} {s['mfu']:6.2f}")
-    if {"fp32", "bf16"} <= runs.keys():
-        ratio = runs["bf16"]["tokens_per_s"] / runs["fp32"]["tokens_per_s"]
-        result["bf16_over_fp32_tokens_per_s"] = ratio
-        print(f"bf16 / fp32 tokens/s: {ratio:.2f}x")
-        if runs["bf16"]["peak_flops_per_s"] < runs["fp32"]["peak_flops_per_s"]:
-            print("note: this device's bf16 matmul peak is below its fp32 peak: it has no native bf16 "
-                  "arithmetic (on CPUs: no AVX512-BF16 or AMX), so bf16 cannot be faster here")
-    write_result(result, out / "bench.json")
+    result = {"schema": SCHEMA, "provenance": provenance("distlab.bench", argv, args.device),
+              "workload": {k: v for k, v in workload.items() if k != "device"} | {"device": device.type},
+              "runs": runs}
+    out = args.out or REPO_ROOT / "results" / "bench" / f"{device.type}_{args.preset}_{args.dtype}.json"
+    write_result(result, out)
+    from distlab.bench_report import print_targets  # the goals the issue set, met or not
+    print_targets(result)
     return result
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from distlab.activation_ckpt import activation_memory, build, gradients
-from distlab.bench import provenance, write_result
+from distlab.provenance import provenance, write_result
 from distlab.launch import REPO_ROOT, run_script
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import preset as model_preset

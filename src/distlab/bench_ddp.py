@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from distlab.bench import provenance, write_result
+from distlab.provenance import provenance, write_result
 from distlab.ddp_compare import train_steps
 from distlab.launch import REPO_ROOT, run_ranks, run_script
 from distlab.metrics import read_summary

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from distlab.bench import provenance, write_result
+from distlab.provenance import provenance, write_result
 from distlab.fsdp_inspect import train
 from distlab.launch import REPO_ROOT, run_ranks
 from distlab.model import preset as model_preset

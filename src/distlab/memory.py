@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch.nn.modules.module import register_module_forward_pre_hook
 
 from distlab.model import GPTConfig
 
@@ -135,12 +136,22 @@ class StepMemory:
         self._steps_seen += 1
         if self.enabled and self._steps_seen == 2:
             self._tracker = self._make_tracker()
+            # the tracker refuses a second forward of the whole model within its context (it
+            # takes it for the next iteration), but with gradient accumulation a step has one
+            # per micro-batch: forget the per-module statistics (we do not read them) before
+            # each. A global hook registered first runs before the tracker's own.
+            self._reset_hook = register_module_forward_pre_hook(self._before_forward)
             self._tracker.__enter__()
+
+    def _before_forward(self, module: nn.Module, args) -> None:
+        if module is self.model and module in self._tracker.memory_tracking:
+            self._tracker.reset_mod_stats()
 
     def end(self) -> None:
         if self._tracker is None:
             return
         self._tracker.__exit__(None, None, None)
+        self._reset_hook.remove()
         snapshot = self._tracker.get_tracker_snapshot("peak")
         self._tracker = None
         device = next(p.device for p in self.model.parameters())
