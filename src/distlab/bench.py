@@ -10,6 +10,8 @@ feature). From each run's ``summary.json`` and ``metrics.jsonl`` the result keep
 (the first two steps left out), MFU against the measured matmul peak, bytes of model state
 per rank, the peak bytes by kind of rank 0's second step (PyTorch's MemTracker, the labs'
 ``--track-memory``), the losses, and the exact command line. Lab 1 runs on one process only.
+On a shared machine one run's speed can be 15% off the next's: ``--repeats K`` runs the whole
+plan K times over and keeps, for each lab and rank count, the run with the median tokens/s.
 
 The result goes to ``--out`` (default ``results/bench/<device>_<preset>_<dtype>.json``)
 with its provenance; the Benchmarks chapter reads these files and never reruns them.
@@ -87,6 +89,16 @@ def run_one(lab: str, nprocs: int, workload: dict, runs_dir: Path, timeout: floa
     return record
 
 
+def median_run(repeats: list[dict]) -> dict:
+    """The repeat with the median tokens/s (the lower of the two middle ones), with every
+    repeat's tokens/s; a failed repeat makes the whole entry a failure."""
+    failed = [r for r in repeats if "error" in r]
+    if failed:
+        return failed[0]
+    ordered = sorted(repeats, key=lambda r: r["tokens_per_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "tokens_per_s_repeats": [r["tokens_per_s"] for r in repeats]}
+
+
 def describe(run: dict) -> str:
     if "error" in run:
         return f"failed: {run['error']}"
@@ -113,10 +125,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     parser.add_argument("--out", default="", help="result file (default: results/bench/<device>_<preset>_<dtype>.json)")
     parser.add_argument("--runs-dir", default="runs/bench", help="where the runs write their logs (default: runs/bench)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each lab and rank count, interleaved; the median by tokens/s is kept (default: 1)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run before it is killed")
     args = parser.parse_args(argv)
     if args.steps < 3:
         parser.error("--steps must be at least 3 (the first two steps are not timed)")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     for n in args.ranks:
         if n < 1 or args.batch_size % (n * args.micro_batch_size):
             parser.error(f"--batch-size {args.batch_size} does not split into micro-batches of "
@@ -124,17 +140,23 @@ def main(argv: list[str] | None = None) -> dict:
 
     device = pick_device(args.device)
     workload = {"preset": args.preset, "global_batch": args.batch_size, "micro_batch_size": args.micro_batch_size,
-                "steps": args.steps, "dtype": args.dtype, "device": args.device, "eval_batches": args.eval_batches}
+                "steps": args.steps, "dtype": args.dtype, "device": args.device, "eval_batches": args.eval_batches,
+                "repeats": args.repeats}
     plan = [(LABS[lab], n) for n in sorted(set(args.ranks)) for lab in args.labs if lab != 1 or n == 1]
     if 1 in args.labs and 1 not in args.ranks:
         plan.insert(0, (LABS[1], 1))
     runs_dir = Path(args.runs_dir)
-    runs = []
-    for i, (lab, n) in enumerate(plan, 1):
-        start = time.perf_counter()
-        print(f"[{i}/{len(plan)}] {lab} on {n} rank(s) ...", end="", flush=True)
-        runs.append(run_one(lab, n, workload, runs_dir, args.timeout))
-        print(f" {time.perf_counter() - start:4.0f} s  {describe(runs[-1])}", flush=True)
+    # round after round over the plan, not each run k times in a row: a slow spell of a
+    # shared machine then spreads over every lab instead of falling on one
+    made: dict[tuple[str, int], list[dict]] = {}
+    total = len(plan) * args.repeats
+    for repeat in range(args.repeats):
+        for lab, n in plan:
+            start = time.perf_counter()
+            print(f"[{len(sum(made.values(), [])) + 1}/{total}] {lab} on {n} rank(s) ...", end="", flush=True)
+            made.setdefault((lab, n), []).append(run_one(lab, n, workload, runs_dir, args.timeout))
+            print(f" {time.perf_counter() - start:4.0f} s  {describe(made[lab, n][-1])}", flush=True)
+    runs = [median_run(made[key]) for key in plan]
 
     result = {"schema": SCHEMA, "provenance": provenance("distlab.bench", argv, args.device),
               "workload": {k: v for k, v in workload.items() if k != "device"} | {"device": device.type},
