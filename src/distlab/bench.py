@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import functools
 import importlib.util
 import sys
@@ -145,6 +146,9 @@ def main(argv: list[str] | None = None) -> dict:
     plan = [(LABS[lab], n) for n in sorted(set(args.ranks)) for lab in args.labs if lab != 1 or n == 1]
     if 1 in args.labs and 1 not in args.ranks:
         plan.insert(0, (LABS[1], 1))
+    # taken before the first run: the commit (and whether it was dirty) of the code that runs,
+    # even if files are edited while a long benchmark goes on
+    measured = provenance("distlab.bench", argv, args.device)
     runs_dir = Path(args.runs_dir)
     # round after round over the plan, not each run k times in a row: a slow spell of a
     # shared machine then spreads over every lab instead of falling on one
@@ -158,7 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f" {time.perf_counter() - start:4.0f} s  {describe(made[lab, n][-1])}", flush=True)
     runs = [median_run(made[key]) for key in plan]
 
-    result = {"schema": SCHEMA, "provenance": provenance("distlab.bench", argv, args.device),
+    measured["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    result = {"schema": SCHEMA, "provenance": measured,
               "workload": {k: v for k, v in workload.items() if k != "device"} | {"device": device.type},
               "runs": runs}
     out = args.out or REPO_ROOT / "results" / "bench" / f"{device.type}_{args.preset}_{args.dtype}.json"
