@@ -212,7 +212,7 @@ def main() -> None:
         print(f"tokens/s {tokens_per_s:,.0f}  MFU {flops / peak:.2f} of measured peak "
               f"{peak / 1e9:,.0f} GFLOP/s  final loss {train_loss:.4f}  val {val_loss:.4f}")
     # the model holds the group: freed after the group is destroyed, gloo can hang (book: Debugging)
-    del model, checkpoints
+    del model, checkpoints, memory  # each of them holds the model
     dist.destroy_process_group()  # the last reference, dropped here
 
 
