@@ -28,6 +28,7 @@ import time
 import types
 from pathlib import Path
 
+from distlab.bench_report import print_targets
 from distlab.launch import REPO_ROOT, LaunchTimeout, RankFailed, run_script
 from distlab.metrics import read_metrics, read_summary
 from distlab.provenance import provenance, write_result
@@ -168,8 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
               "runs": runs}
     out = args.out or REPO_ROOT / "results" / "bench" / f"{device.type}_{args.preset}_{args.dtype}.json"
     write_result(result, out)
-    from distlab.bench_report import print_targets  # the goals the issue set, met or not
-    print_targets(result)
+    print_targets(result)  # the project's goals, met or not
     return result
 
 

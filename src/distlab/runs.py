@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from distlab.metrics import read_metrics
+from distlab.metrics import read_metrics, read_summary
 
 METRICS = ("loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "step_s")
 
@@ -41,8 +41,7 @@ def summarise(run: str | Path) -> dict:
     """One run in a few fields, from its summary.json, or from its metrics if it has none."""
     run = _check_run(run)
     lines = read_metrics(run)
-    summary_path = run / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = read_summary(run) if (run / "summary.json").is_file() else {}
     vals = [m["val_loss"] for m in lines if "val_loss" in m]
     return {
         "run": str(run), "finished": bool(summary), "lab": summary.get("lab", "?"),
