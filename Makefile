@@ -15,7 +15,7 @@ ifneq ($(SHARED_DATA),)
 export DISTLAB_DATA ?= $(SHARED_DATA)
 endif
 
-.PHONY: book test lock clean
+.PHONY: book test browser vendor lock clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,42 @@ book: $(STAMP)
 # two workers: the book build (one long test, started first) runs beside the rest; whole
 # files go to a worker (loadfile), so the tests that read the build, all in one file, share
 # one build. (Not loadgroup: with pytest 9.2 it silently stops grouping, pytest-xdist#1386.)
-test: $(STAMP)
-	$(BIN)/python -m pytest -v --durations=15 -n 2 --dist loadfile
+test: $(STAMP) browser
+	DISTLAB_CHROMIUM="$(CHROMIUM)" $(BIN)/python -m pytest -v --durations=15 -n 2 --dist loadfile
+
+# The browser tests drive Debian's Chromium through playwright (never a browser that playwright
+# downloads). Installed here when missing, with apt-get; elsewhere pass your own build:
+#   make test CHROMIUM="/Applications/Google Chrome.app/Contents/MacOS/Google Chrome"
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  if ! command -v apt-get >/dev/null; then \
+	    echo "make test: the browser tests need Chromium or Chrome; none at $(CHROMIUM)."; \
+	    echo "Install one and run: make test CHROMIUM=/path/to/chromium"; exit 1; fi; \
+	  echo "Installing Debian's chromium for the browser tests"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	fi
+
+# The JavaScript the built pages run, served by the book itself (book/_vendor), so that no page
+# loads code from a CDN: ipywidgets' HTML manager, RequireJS and MathJax, from the npm registry
+# at pinned versions. Rerun after changing a version; book/_vendor/SOURCES.md lists them.
+WIDGETS_JS := @jupyter-widgets/html-manager@1.0.15
+REQUIRE_JS := requirejs@2.3.8
+MATHJAX    := mathjax@3.2.2
+vendor:
+	rm -rf _build/vendor && mkdir -p _build/vendor
+	cd _build/vendor && npm pack --silent $(WIDGETS_JS) $(REQUIRE_JS) $(MATHJAX) >/dev/null
+	cd _build/vendor && for t in *.tgz; do mkdir -p "$${t%.tgz}" && tar xzf "$$t" -C "$${t%.tgz}"; done
+	rm -rf book/_vendor/jupyter-widgets book/_vendor/mathjax book/_vendor/require.js
+	mkdir -p book/_vendor/jupyter-widgets book/_vendor/mathjax/output/chtml/fonts/woff-v2
+	cp _build/vendor/jupyter-widgets-html-manager-*/package/dist/embed-amd.js \
+	   _build/vendor/jupyter-widgets-html-manager-*/package/dist/*.woff* _build/vendor/jupyter-widgets-html-manager-*/package/dist/*.ttf \
+	   _build/vendor/jupyter-widgets-html-manager-*/package/dist/embed.js.LICENSE.txt book/_vendor/jupyter-widgets/
+	cp _build/vendor/requirejs-*/package/require.js book/_vendor/
+	cp _build/vendor/mathjax-*/package/es5/tex-mml-chtml.js _build/vendor/mathjax-*/package/LICENSE book/_vendor/mathjax/
+	cp _build/vendor/mathjax-*/package/es5/output/chtml/fonts/woff-v2/*.woff book/_vendor/mathjax/output/chtml/fonts/woff-v2/
 
 # Re-resolve requirements.in into the pinned requirements.txt.
 lock: $(STAMP)

@@ -1,12 +1,15 @@
 """Shared test set-up: the data file, an isolated cache, and how to run a lab."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from filelock import FileLock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -25,8 +28,19 @@ def _environment(tmp_path_factory):
 
 def pytest_collection_modifyitems(items):
     """The book's tests first: the strict build they share is the longest task of the suite,
-    so under xdist the worker that takes this file must start it before anything else."""
-    items.sort(key=lambda item: item.path.name != "test_notebooks.py")  # stable: keeps the rest in order
+    so under xdist the worker that takes this file must start it before anything else. The
+    browser tests, which wait for that build, go last."""
+    order = {"test_notebooks.py": 0, "test_book_in_browser.py": 2}
+    items.sort(key=lambda item: order.get(item.path.name, 1))  # stable: keeps the rest in order
+
+
+def toc_pages() -> list[Path]:
+    """The .md files the table of contents names, in reading order (book/<file>.md)."""
+    toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        files += [chapter["file"] for chapter in part["chapters"]]
+    return [REPO_ROOT / "book" / f"{f}.md" for f in files]
 
 
 def run_lab(script: str, *args, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -40,12 +54,27 @@ def run_lab(script: str, *args, env: dict | None = None, timeout: float = 300) -
 @pytest.fixture(scope="session")
 def built_book(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     """The README's book command, strict (`jupyter-book build book -W -n --keep-going`), run
-    once per session: it executes every notebook, and the notebook tests read what it ran.
-    Returns the finished process and the build folder (holding html/ and jupyter_execute/)."""
-    out = tmp_path_factory.mktemp("book")
-    jupyter_book = Path(sys.executable).parent / "jupyter-book"
-    proc = subprocess.run(
-        [str(jupyter_book), "build", "book", "-W", "-n", "--keep-going", "--path-output", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800,
-    )
-    return proc, out / "_build"
+    once per test run: it executes every notebook, and the notebook and browser tests read
+    what it built. Returns the finished process and the build folder (html/, jupyter_execute/).
+
+    Under xdist each worker is its own process with its own session fixtures, so the build is
+    shared through a folder both workers see, under a file lock: the first worker to ask
+    builds, the other waits for it and reads the same result."""
+    reuse = os.environ.get("DISTLAB_REUSE_BUILD")
+    if reuse:  # working on the page tests: read a finished build (the strict-build test then fails)
+        return subprocess.CompletedProcess(["reused", reuse], 0, "", ""), Path(reuse)
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # basetemp is per worker; its parent is the run's
+    out, record = shared / "book", shared / "book.json"
+    with FileLock(str(shared / "book.lock"), timeout=2400):
+        if not record.exists():
+            jupyter_book = Path(sys.executable).parent / "jupyter-book"
+            proc = subprocess.run(
+                [str(jupyter_book), "build", "book", "-W", "-n", "--keep-going", "--path-output", str(out)],
+                cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800,
+            )
+            record.write_text(json.dumps({"args": proc.args, "returncode": proc.returncode,
+                                          "stdout": proc.stdout, "stderr": proc.stderr}))
+    done = json.loads(record.read_text())
+    return subprocess.CompletedProcess(**done), out / "_build"

@@ -3,25 +3,14 @@ each; and every page is a real notebook.
 
 The notebooks run once, in the strict book build (the ``built_book`` fixture); the tests
 here read the notebooks that build executed, so ``make test`` does not run them twice.
-Every test that needs the build lives in this file: ``make test`` distributes whole files
-over its xdist workers (``--dist loadfile``), so one worker builds the book, once."""
+The browser tests (test_book_in_browser.py) read the same build: the fixture shares it
+between the xdist workers."""
 from pathlib import Path
 
 import nbformat
 import pytest
-import yaml
 
-from conftest import REPO_ROOT
-
-
-def toc_pages() -> list[Path]:
-    """The .md files the table of contents names (relative to book/)."""
-    toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
-    files = [toc["root"]]
-    for part in toc.get("parts", []):
-        files += [chapter["file"] for chapter in part["chapters"]]
-    return [REPO_ROOT / "book" / f"{f}.md" for f in files]
-
+from conftest import REPO_ROOT, toc_pages
 
 NOTEBOOKS = sorted({p.resolve() for p in toc_pages()}
                    | set((REPO_ROOT / "book").glob("*.md")) | set((REPO_ROOT / "labs").glob("*.md")))
@@ -51,6 +40,7 @@ def build_failure(proc) -> str:
 def test_strict_build_passes_and_writes_every_page(built_book):
     """`jupyter-book build book -W -n --keep-going`: warnings are errors, every page is written."""
     proc, build = built_book
+    assert proc.args[0] != "reused", f"DISTLAB_REUSE_BUILD is set: this run read {build}, it did not build"
     assert proc.returncode == 0, build_failure(proc)
     for page in toc_pages():
         rel = page.relative_to(REPO_ROOT / "book").with_suffix(".html")

@@ -1,0 +1,29 @@
+"""Checkers for the exercises that ask for code: call one with your code, read one line back.
+
+Each checker runs your code against a reference (PyTorch's own op, or the chapter's own
+implementation), on gloo or NCCL ranks through ``distlab.launch.run_ranks`` where a
+collective is involved, with timeouts, so a hang becomes an error. It prints one line
+starting with ``passed:`` that says what was compared, or raises an ``AssertionError``
+(``ValueError`` for an argument of the wrong kind) that says what is wrong.
+
+    chapter / lab                exercise  checker
+    Collectives                  3         check_all_reduce(all_reduce)
+    FSDP from scratch            3         check_sgd_exposes_missing_division(make_optimizer, SummingUnit)
+    FSDP from scratch            4         check_bf16_unit(Bf16Unit)
+    Activation checkpointing     2         check_attention_only_policy(policy)
+    Accelerate                   3         check_skips_sync(sync_context)
+    Resume and fault tolerance   4         check_kill_during_shard_writes(stall)
+    Debugging                    3         check_lockstep_broadcast(program)
+    Lab 2                        3         check_loads_ddp_state(load)
+"""
+from distlab.exercises.accel import check_skips_sync
+from distlab.exercises.activation_checkpointing import check_attention_only_policy
+from distlab.exercises.collectives import check_all_reduce
+from distlab.exercises.debugging import check_lockstep_broadcast
+from distlab.exercises.fault_tolerance import check_kill_during_shard_writes
+from distlab.exercises.fsdp_scratch import check_bf16_unit, check_sgd_exposes_missing_division
+from distlab.exercises.labs import check_loads_ddp_state
+
+__all__ = ["check_all_reduce", "check_sgd_exposes_missing_division", "check_bf16_unit",
+           "check_attention_only_policy", "check_skips_sync", "check_kill_during_shard_writes",
+           "check_lockstep_broadcast", "check_loads_ddp_state"]

@@ -1,0 +1,99 @@
+"""Resume and fault tolerance, exercise 4: kill rank 1 in the middle of writing its shard file."""
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from distlab.checkpoint import latest
+from distlab.exercises._common import on_ranks, passed, require_callable
+from distlab.fault_injection import kill
+from distlab.launch import REPO_ROOT, _script_entry
+
+LAB2 = REPO_ROOT / "src" / "labs" / "lab2_ddp.py"
+# two steps, a checkpoint after each: save 1 completes (the sizes to expect), save 2 is killed
+LAB2_ARGS = ("--preset", "tiny", "--steps", "2", "--checkpoint-every", "1", "--keep-checkpoints", "0",
+             "--eval-every", "1000", "--eval-batches", "1", "--sample-chars", "0", "--no-progress")
+STALLED_RANK, STALLED_SAVE = 1, 2
+
+
+def _lab2_rank(stall: Callable, marker: Path, out: Path) -> None:
+    """One rank of lab 2, as torchrun would start it; rank 1 first installs the reader's stall."""
+    if int(os.environ["RANK"]) == STALLED_RANK:
+        stall(STALLED_SAVE, marker)
+    _script_entry(str(LAB2), (*LAB2_ARGS, "--out", str(out)))
+
+
+def _kill_once_waiting(marker: Path, rank0_file: Path, complete_file: Path, killed: list,
+                       stop: threading.Event) -> None:
+    """SIGKILL the pid in ``marker`` once it is there, after rank 0 has finished its own file:
+    the question is what rank 1's death leaves, not a race with rank 0's writes."""
+    while not (marker.exists() and marker.read_text().strip()):
+        if stop.wait(0.02):  # the run ended without a stall
+            return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (
+            complete_file.exists() and rank0_file.exists()
+            and rank0_file.stat().st_size == complete_file.stat().st_size):
+        time.sleep(0.02)
+    killed.append(int(marker.read_text()))
+    kill(killed[0])
+
+
+def _size(path: Path) -> int | None:
+    return path.stat().st_size if path.exists() else None
+
+
+def check_kill_during_shard_writes(stall: Callable, timeout: float = 60) -> None:
+    """``stall(save_number, marker)``, called in rank 1 before lab 2 starts, must make that rank
+    write part of its shard file in its ``save_number``-th save, then write its pid to
+    ``marker`` and wait. The check kills it there and inspects what is left on disk."""
+    require_callable(stall, "stall", "def stall(save_number, marker): ...")
+    with tempfile.TemporaryDirectory(prefix="exercise_kill_") as work:
+        _check_in(Path(work), stall, timeout)
+
+
+def _check_in(work: Path, stall: Callable, timeout: float) -> None:
+    marker, out = work / "stalled", work / "run"
+    done, partial = out / "checkpoints" / "step_000001", out / "checkpoints" / f"step_{STALLED_SAVE:06d}.partial"
+    killed: list[int] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_kill_once_waiting, daemon=True,
+                               args=(marker, partial / "__0_0.distcp", done / "__0_0.distcp", killed, stop))
+    watcher.start()
+    try:
+        on_ranks(functools.partial(_lab2_rank, stall, marker, out), 2, "lab 2 with your stall",
+                 timeout=timeout, init_group=False)
+    except AssertionError as failure:  # the run must fail: rank 1 is killed
+        if not killed:
+            raise AssertionError(f"rank {STALLED_RANK} never wrote its pid to the marker, so it was never killed: "
+                                 f"{failure}") from failure
+    finally:
+        stop.set()
+        watcher.join()
+    if not killed:
+        raise AssertionError(f"lab 2 finished: your stall never made rank {STALLED_RANK} wait in save "
+                             f"{STALLED_SAVE} (does it patch a method that every rank calls while writing?)")
+    full = {r: _size(done / f"__{r}_0.distcp") for r in (0, 1)}  # save 1: complete files of the same tensors
+    left = {r: _size(partial / f"__{r}_0.distcp") for r in (0, 1)}
+    if not partial.is_dir():
+        raise AssertionError(f"no {partial.name} folder: rank {STALLED_RANK} was killed outside save {STALLED_SAVE}")
+    if (partial / ".metadata").exists():
+        raise AssertionError(f"{partial.name} has .metadata: the kill came after every rank had written")
+    if left[0] != full[0]:
+        raise AssertionError(f"rank 0's __0_0.distcp holds {left[0]} bytes of {full[0]}: rank 0 did not finish")
+    if not left[1]:
+        raise AssertionError(f"rank 1's __1_0.distcp is {'empty' if left[1] == 0 else 'missing'}: "
+                             "the kill landed before its writes, not during them")
+    if left[1] >= full[1]:
+        raise AssertionError(f"rank 1's __1_0.distcp is complete ({left[1]:,} bytes): "
+                             "the kill landed after its writes, not during them")
+    if latest(out / "checkpoints") != done:
+        raise AssertionError(f"latest() picks {latest(out / 'checkpoints')}, not {done.name}")
+    passed(f"rank 1 (pid {killed[0]}) was killed inside its shard writes of save {STALLED_SAVE}: {partial.name} "
+           f"holds rank 0's complete __0_0.distcp ({left[0]:,} bytes), a partial __1_0.distcp ({left[1]:,} of "
+           f"{full[1]:,} bytes) and no .metadata; latest() still picks {done.name}")

@@ -1,0 +1,155 @@
+"""The built book in a real browser: serve `_build/html` on 127.0.0.1, drive Debian's Chromium
+with playwright, and record what a reader's browser would see on each page.
+
+`visit()` loads one page and returns a `Visit`: console errors, uncaught exceptions, every
+request that tried to leave 127.0.0.1 (stopped before it leaves, and recorded), requests that
+failed, images that did not load, the page's links and element ids, and how wide the page is
+against the viewport. The tests in test_book_in_browser.py assert on these."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+# Chromium's own background traffic (updates, sync, field trials) is off, so every request the
+# tests see comes from the page. See ../shared/PLATFORM.md.
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}  # an iPhone 14's CSS pixels
+
+
+def chromium_path() -> str:
+    """The browser `make test` installed (or the one its CHROMIUM variable names)."""
+    path = os.environ.get("DISTLAB_CHROMIUM", "/usr/bin/chromium")
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(
+            f"no Chromium at {path}: `make test` installs Debian's chromium, or run "
+            "`make test CHROMIUM=/path/to/chrome` (playwright's own browser download is not used)")
+    return path
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # one line per request would bury the test output
+        pass
+
+
+@contextlib.contextmanager
+def serve(folder: Path):
+    """Serve `folder` over HTTP on a free port of 127.0.0.1 (port 0: the kernel picks one, so
+    two test runs at once never collide); yields the base URL, ending in '/'."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class Visit:
+    url: str
+    console_errors: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+    outside_requests: list[str] = field(default_factory=list)
+    failed_requests: list[str] = field(default_factory=list)
+    broken_images: list[str] = field(default_factory=list)
+    images: int = 0
+    links: list[str] = field(default_factory=list)
+    ids: set[str] = field(default_factory=set)
+    scroll_width: int = 0
+    viewport_width: int = 0
+    wide_elements: list[str] = field(default_factory=list)
+
+
+# Everything the tests read from a loaded page, in one round trip. `width` is the viewport's
+# width as set: on a phone the browser zooms out to fit content wider than the screen (so
+# innerWidth grows with it), and what sticks out is what a reader has to scroll sideways to.
+_READ_PAGE = r"""(width) => {
+  const images = Array.from(document.images);
+  const clipped = (e) => {  // inside a box that scrolls or clips its own overflow
+    for (let a = e.parentElement; a && a !== document.body; a = a.parentElement)
+      if (getComputedStyle(a).overflowX !== "visible") return true;
+    return false;
+  };
+  const sticksOut = (e) => {  // partly past the right edge; drawers parked off-screen don't count
+    const r = e.getBoundingClientRect();
+    return r.right > width + 1 && r.left < width && !clipped(e)
+      && !["absolute", "fixed"].includes(getComputedStyle(e).position);
+  };
+  const wide = Array.from(document.querySelectorAll("body *")).filter(
+    e => sticksOut(e) && !(e.parentElement && sticksOut(e.parentElement)));
+  const describe = (e) => e.tagName.toLowerCase() + (e.id ? "#" + e.id : "")
+    + (typeof e.className === "string" && e.className ? "." + e.className.trim().split(/\s+/).join(".") : "")
+    + ": " + JSON.stringify((e.textContent || "").trim().slice(0, 40));
+  return {
+    broken: images.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.currentSrc || i.src),
+    images: images.length,
+    links: Array.from(document.querySelectorAll("a[href]")).map(a => a.href),
+    ids: Array.from(document.querySelectorAll("[id]")).map(e => e.id)
+         .concat(Array.from(document.querySelectorAll("a[name]")).map(a => a.name)),
+    scrollWidth: document.documentElement.scrollWidth,
+    wide: document.documentElement.scrollWidth > width + 1 ? wide.slice(0, 5).map(describe) : [],
+  };
+}"""
+
+
+def is_local(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme in ("data", "blob", "about") or parts.hostname == "127.0.0.1"
+
+
+def visit(context, url: str, views: dict[str, dict], screenshots: Path | None = None,
+          inspect=None) -> dict:
+    """Load `url` once in a new tab of `context` (a playwright BrowserContext) and record it at
+    each viewport of `views` ({"desktop": {"width": .., "height": ..}, ...}; the page is resized,
+    not reloaded), with a screenshot of each in `screenshots/<view>/`. Requests for other hosts
+    are aborted, so a test run never depends on the network. `inspect(page)`, if given, runs
+    last and its result is returned under "facts". Returns {view: Visit, "facts": ...}."""
+    page = context.new_page()
+    errors = Visit(url)  # what happens while loading belongs to every view
+
+    def route(r):
+        if is_local(r.request.url):
+            r.continue_()
+        else:
+            errors.outside_requests.append(r.request.url)
+            r.abort()
+
+    page.route("**/*", route)
+    page.on("console", lambda m: m.type == "error" and errors.console_errors.append(
+        f"{m.text} ({m.location.get('url', '')}:{m.location.get('lineNumber', '')})"))
+    page.on("pageerror", lambda e: errors.page_errors.append(str(e)))
+    page.on("requestfailed", lambda r: is_local(r.url) and errors.failed_requests.append(
+        f"{r.url}: {r.failure}"))
+    page.on("response", lambda r: r.status >= 400 and errors.failed_requests.append(
+        f"{r.url}: HTTP {r.status}"))
+    seen = {}
+    try:
+        page.set_viewport_size(next(iter(views.values())))
+        page.goto(url, wait_until="load", timeout=30_000)
+        page.wait_for_load_state("networkidle", timeout=30_000)  # MathJax fonts, widget views
+        for view, size in views.items():
+            page.set_viewport_size(size)
+            read = page.evaluate(_READ_PAGE, size["width"])
+            record = Visit(url, errors.console_errors, errors.page_errors, errors.outside_requests,
+                           errors.failed_requests, read["broken"], read["images"], read["links"],
+                           set(read["ids"]), read["scrollWidth"], size["width"], read["wide"])
+            seen[view] = record
+            if screenshots is not None:
+                shot = screenshots / view / (urlsplit(url).path.strip("/").removesuffix(".html").replace("/", "-") + ".png")
+                shot.parent.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(shot))
+        seen["facts"] = inspect(page) if inspect else None
+    finally:
+        page.close()
+    return seen
