@@ -69,6 +69,8 @@ class Visit:
     scroll_width: int = 0
     viewport_width: int = 0
     wide_elements: list[str] = field(default_factory=list)
+    article_width: float = 0  # CSS pixels of the page's main text column
+    text_px: float = 0  # font size of its first paragraph
 
 
 # Everything the tests read from a loaded page, in one round trip. `width` is the viewport's
@@ -98,9 +100,17 @@ _READ_PAGE = r"""(width) => {
     ids: Array.from(document.querySelectorAll("[id]")).map(e => e.id)
          .concat(Array.from(document.querySelectorAll("a[name]")).map(a => a.name)),
     scrollWidth: document.documentElement.scrollWidth,
+    articleWidth: document.querySelector("article") ? document.querySelector("article").getBoundingClientRect().width : 0,
+    textPx: document.querySelector("article p") ? parseFloat(getComputedStyle(document.querySelector("article p")).fontSize) : 0,
     wide: document.documentElement.scrollWidth > width + 1 ? wide.slice(0, 5).map(describe) : [],
   };
 }"""
+
+
+# Wait for the CSS transitions and finite animations running now to finish.
+_SETTLE = """() => Promise.all(document.getAnimations()
+  .filter(a => a.effect && a.effect.getComputedTiming().iterations !== Infinity)
+  .map(a => a.finished.catch(() => null)))"""
 
 
 def is_local(url: str) -> bool:
@@ -140,10 +150,12 @@ def visit(context, url: str, views: dict[str, dict], screenshots: Path | None = 
         page.wait_for_load_state("networkidle", timeout=30_000)  # MathJax fonts, widget views
         for view, size in views.items():
             page.set_viewport_size(size)
+            page.evaluate(_SETTLE)  # the sidebars slide when the width crosses a breakpoint
             read = page.evaluate(_READ_PAGE, size["width"])
             record = Visit(url, errors.console_errors, errors.page_errors, errors.outside_requests,
                            errors.failed_requests, read["broken"], read["images"], read["links"],
-                           set(read["ids"]), read["scrollWidth"], size["width"], read["wide"])
+                           set(read["ids"]), read["scrollWidth"], size["width"], read["wide"],
+                           read["articleWidth"], read["textPx"])
             seen[view] = record
             if screenshots is not None:
                 shot = screenshots / view / (urlsplit(url).path.strip("/").removesuffix(".html").replace("/", "-") + ".png")

@@ -144,12 +144,15 @@ def test_internal_links_and_anchors_resolve(site, crawl, page):
 
 
 @pytest.mark.parametrize("page", PAGES)
-def test_page_fits_a_phone_screen(crawl, page):
+def test_page_is_readable_on_a_phone(crawl, page):
     """At 390 CSS pixels the page does not scroll sideways (wide code and tables scroll inside
-    their own box)."""
+    their own box), the text column takes the screen (the navigation folds away), and the text
+    keeps a readable size."""
     v = crawl[page]["phone"]
     assert v.scroll_width <= v.viewport_width + 1, (
         f"{v.scroll_width}px wide at a {v.viewport_width}px viewport; sticking out: {v.wide_elements}")
+    assert v.article_width >= 0.8 * v.viewport_width, f"the text column is {v.article_width:.0f}px wide"
+    assert v.text_px >= 14, f"body text of {v.text_px}px"
 
 
 def test_a_screenshot_of_every_page_at_both_sizes(crawl):

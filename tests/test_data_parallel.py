@@ -123,3 +123,27 @@ def test_torch_dataparallel_without_gpus_calls_the_module_once(data):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on GPUs each device has its own autograd thread")
 def test_cpu_backward_of_every_replica_runs_on_the_calling_thread():
     assert backward_threads() == {0: {"MainThread"}, 1: {"MainThread"}}
+
+
+def test_the_recorded_comparison_is_complete_and_its_variants_trained_alike():
+    """The chapter reads results/dp_bench.json (python -m distlab.bench_dp): five variants, the
+    same steps, the same losses, and the phases of one scratch DP step."""
+    from distlab.bench_dp import WARMUP_STEPS, load
+    measured, workload, runs = load()
+    assert {"machine", "torch", "commit", "date", "command"} <= set(measured)
+    assert measured["command"].startswith("python -m distlab.bench_dp")
+    assert workload["steps"] > WARMUP_STEPS == workload["warmup_steps"]
+    assert list(runs) == ["plain", "scratch DP", "scratch DP, 1 intra-op", "scratch DP, no threads", "DDP, 2 ranks"]
+    for name, r in runs.items():
+        assert len(r["losses"]) == len(r["step_s"]) == workload["steps"], name
+        assert max(abs(a - b) for a, b in zip(r["losses"], runs["plain"]["losses"])) < 1e-4, name
+    phases = {s.phase for s in runs["scratch DP"]["spans"]}
+    assert {"scatter", "replicate", "threads", "gather", "backward", "optimizer"} <= phases
+
+
+def test_the_comparison_recorder_refuses_bad_workloads(capsys):
+    from distlab.bench_dp import main
+    for argv in (["--steps", "2"], ["--global-batch", "7"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+    assert "--global-batch must be even" in capsys.readouterr().err

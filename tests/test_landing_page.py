@@ -19,6 +19,7 @@ from distlab.bench import load_lab
 from distlab.cli import parse_config
 
 INTRO = (REPO_ROOT / "book" / "intro.md").read_text()
+pytestmark = pytest.mark.timeout(600)
 
 
 def tab_commands(title: str) -> list[list[str]]:
