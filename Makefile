@@ -30,8 +30,9 @@ book: $(STAMP)
 	@echo "The book is in _build/html/index.html"
 
 # two workers: the book build (one long test, started first) runs beside the rest; whole
-# files go to a worker (loadfile), so the tests that read the build, all in one file, share
-# one build. (Not loadgroup: with pytest 9.2 it silently stops grouping, pytest-xdist#1386.)
+# files go to a worker (loadfile), and tests/conftest.py schedules the two files that read the
+# build (the notebook and browser tests) as one, so one worker builds once and the other is
+# never blocked. (Not loadgroup: with pytest 9.2 it silently stops grouping, pytest-xdist#1386.)
 test: $(STAMP) browser
 	DISTLAB_CHROMIUM="$(CHROMIUM)" $(BIN)/python -m pytest -v --durations=15 -n 2 --dist loadfile
 

@@ -26,12 +26,34 @@ def _environment(tmp_path_factory):
     yield
 
 
+# The files whose tests read the book build. Under `make test` (xdist, --dist loadfile) they
+# must run on one worker, one after the other: the other worker would otherwise take one of
+# them early and sit blocked for the whole build (xdist hands out the files with the most
+# tests first). Not xdist_group: --dist loadgroup silently stops grouping with pytest 9.2.
+BOOK_FILES = ("test_notebooks.py", "test_book_in_browser.py")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with the files of BOOK_FILES scheduled as one file."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class BookFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "the book build" if scope.rsplit("/", 1)[-1] in BOOK_FILES else scope
+
+    return BookFilesTogether(config, log)
+
+
 def pytest_collection_modifyitems(items):
     """The book's tests first: the strict build they share is the longest task of the suite,
-    so under xdist the worker that takes this file must start it before anything else. The
-    browser tests, which wait for that build, go last."""
-    order = {"test_notebooks.py": 0, "test_book_in_browser.py": 2}
-    items.sort(key=lambda item: order.get(item.path.name, 1))  # stable: keeps the rest in order
+    so under xdist the worker that takes this file must start it before anything else; the
+    browser tests, which read that build, follow it."""
+    order = {"test_notebooks.py": 0, "test_book_in_browser.py": 1}
+    items.sort(key=lambda item: order.get(item.path.name, 2))  # stable: keeps the rest in order
 
 
 def toc_pages() -> list[Path]:
