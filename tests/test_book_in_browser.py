@@ -69,6 +69,9 @@ def page_facts(page) -> dict:
     section = page.locator("article section", has=page.locator("h2", has_text="Exercises")).last
     answers = section.locator(".dropdown")
     facts["answers"] = answers.count()
+    facts["solutions"] = section.locator("details.above-input").evaluate_all(
+        "ds => ds.map(d => ({open: d.open, summary: d.querySelector('summary').innerText.trim(),"
+        " output: (d.parentElement.querySelector('.cell_output') || {innerText: ''}).innerText}))")
     if facts["answers"]:
         body = answers.first.locator("> :not(.admonition-title)").first
         facts["answer_hidden_before"] = not body.is_visible()
@@ -243,3 +246,19 @@ def test_page_ends_with_exercises_whose_answers_open_on_demand(crawl, page):
     assert facts["answers"] > 0, "no answer to open"
     assert facts["answer_hidden_before"], "the first answer is shown before it is opened"
     assert facts["answer_visible_after"], "clicking the first answer did not open it"
+
+
+# The pages whose exercises ask for code, each with a checker (distlab.exercises).
+CODE_EXERCISES = {"collectives": 1, "fsdp_scratch": 2, "activation_checkpointing": 1, "accelerate": 1,
+                  "fault_tolerance": 1, "debugging": 1, "labs/lab2_ddp": 1}
+
+
+@pytest.mark.parametrize("page", CODE_EXERCISES)
+def test_code_exercises_hide_a_solution_that_passes_its_checker(crawl, page):
+    """The reference solution of each code exercise is folded away, and the build ran it
+    through the exercise's checker: its output is the checker's "passed" line."""
+    solutions = crawl[page]["facts"]["solutions"]
+    assert len(solutions) == CODE_EXERCISES[page], solutions
+    for solution in solutions:
+        assert solution["summary"] == "Show the solution" and not solution["open"], solution
+        assert solution["output"].startswith("passed:"), solution
