@@ -13,6 +13,8 @@ live on the `tiny` model and checks the losses.
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from distlab.data_parallel import Span
 from distlab.ddp_compare import train_steps as ddp_train_steps
@@ -44,8 +46,7 @@ def compare(preset_name: str, steps: int, global_batch: int) -> dict[str, dict]:
 
 def load(path=DEFAULT_OUT) -> tuple[dict, dict, dict[str, dict]]:
     """(provenance, workload, runs) of a recording; each run's spans as ``Span`` objects."""
-    import json
-    result = json.loads(open(path).read())
+    result = json.loads(Path(path).read_text())
     runs = {name: {**r, "spans": [Span(*s) for s in r["spans"]]} for name, r in result["runs"].items()}
     return result["provenance"], result["workload"], runs
 

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 # where in a save rank 0 waits; Checkpoints.save runs dcp.save, then writes train_state.json and renames
 STALLS = {
@@ -53,14 +54,20 @@ def stall_on(save_number: int, where: str, marker: Path) -> None:
     setattr(owner, name, patched)
 
 
-def kill_when_stalled(marker: Path, timeout: float = 120) -> threading.Thread:
+def kill_when_stalled(marker: Path, timeout: float = 120, ready: Callable[[], bool] | None = None,
+                      stop: threading.Event | None = None) -> threading.Thread:
     """Start a thread that SIGKILLs the process whose pid ``stall_on`` writes to ``marker``,
-    as soon as it is there (or gives up after ``timeout`` seconds); join it after the run."""
+    as soon as it is there (or gives up after ``timeout`` seconds, or once ``stop`` is set);
+    join it after the run. With ``ready``, the kill also waits (up to 10 s) until ``ready()``
+    is true, e.g. until another rank has finished its part of the save."""
     def watch():
         deadline = time.monotonic() + timeout
         while not marker.exists() or not marker.read_text().strip():
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or (stop is not None and stop.is_set()):
                 return
+            time.sleep(0.02)
+        settle = time.monotonic() + 10
+        while ready is not None and not ready() and time.monotonic() < settle:
             time.sleep(0.02)
         kill(int(marker.read_text()))
 

@@ -5,13 +5,12 @@ import functools
 import os
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
 from distlab.checkpoint import latest
 from distlab.exercises._common import on_ranks, passed, require_callable
-from distlab.fault_injection import kill
+from distlab.fault_injection import kill_when_stalled
 from distlab.launch import REPO_ROOT, _script_entry
 
 LAB2 = REPO_ROOT / "src" / "labs" / "lab2_ddp.py"
@@ -26,22 +25,6 @@ def _lab2_rank(stall: Callable, marker: Path, out: Path) -> None:
     if int(os.environ["RANK"]) == STALLED_RANK:
         stall(STALLED_SAVE, marker)
     _script_entry(str(LAB2), (*LAB2_ARGS, "--out", str(out)))
-
-
-def _kill_once_waiting(marker: Path, rank0_file: Path, complete_file: Path, killed: list,
-                       stop: threading.Event) -> None:
-    """SIGKILL the pid in ``marker`` once it is there, after rank 0 has finished its own file:
-    the question is what rank 1's death leaves, not a race with rank 0's writes."""
-    while not (marker.exists() and marker.read_text().strip()):
-        if stop.wait(0.02):  # the run ended without a stall
-            return
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not (
-            complete_file.exists() and rank0_file.exists()
-            and rank0_file.stat().st_size == complete_file.stat().st_size):
-        time.sleep(0.02)
-    killed.append(int(marker.read_text()))
-    kill(killed[0])
 
 
 def _size(path: Path) -> int | None:
@@ -60,24 +43,31 @@ def check_kill_during_shard_writes(stall: Callable, timeout: float = 60) -> None
 def _check_in(work: Path, stall: Callable, timeout: float) -> None:
     marker, out = work / "stalled", work / "run"
     done, partial = out / "checkpoints" / "step_000001", out / "checkpoints" / f"step_{STALLED_SAVE:06d}.partial"
-    killed: list[int] = []
     stop = threading.Event()
-    watcher = threading.Thread(target=_kill_once_waiting, daemon=True,
-                               args=(marker, partial / "__0_0.distcp", done / "__0_0.distcp", killed, stop))
-    watcher.start()
+    rank0_file, complete_file = partial / "__0_0.distcp", done / "__0_0.distcp"
+
+    def rank0_finished() -> bool:  # the question is what rank 1's death leaves, not a race with rank 0
+        return _size(rank0_file) is not None and _size(rank0_file) == _size(complete_file)
+
+    watcher = kill_when_stalled(marker, timeout, ready=rank0_finished, stop=stop)
+
+    def stalled() -> bool:  # rank 1 wrote its pid, and the watcher kills it then
+        return marker.exists() and bool(marker.read_text().strip())
+
     try:
         on_ranks(functools.partial(_lab2_rank, stall, marker, out), 2, "lab 2 with your stall",
                  timeout=timeout, init_group=False)
     except AssertionError as failure:  # the run must fail: rank 1 is killed
-        if not killed:
+        if not stalled():
             raise AssertionError(f"rank {STALLED_RANK} never wrote its pid to the marker, so it was never killed: "
                                  f"{failure}") from failure
     finally:
         stop.set()
         watcher.join()
-    if not killed:
+    if not stalled():
         raise AssertionError(f"lab 2 finished: your stall never made rank {STALLED_RANK} wait in save "
                              f"{STALLED_SAVE} (does it patch a method that every rank calls while writing?)")
+    killed_pid = int(marker.read_text())
     full = {r: _size(done / f"__{r}_0.distcp") for r in (0, 1)}  # save 1: complete files of the same tensors
     left = {r: _size(partial / f"__{r}_0.distcp") for r in (0, 1)}
     if not partial.is_dir():
@@ -94,6 +84,6 @@ def _check_in(work: Path, stall: Callable, timeout: float) -> None:
                              "the kill landed after its writes, not during them")
     if latest(out / "checkpoints") != done:
         raise AssertionError(f"latest() picks {latest(out / 'checkpoints')}, not {done.name}")
-    passed(f"rank 1 (pid {killed[0]}) was killed inside its shard writes of save {STALLED_SAVE}: {partial.name} "
+    passed(f"rank 1 (pid {killed_pid}) was killed inside its shard writes of save {STALLED_SAVE}: {partial.name} "
            f"holds rank 0's complete __0_0.distcp ({left[0]:,} bytes), a partial __1_0.distcp ({left[1]:,} of "
            f"{full[1]:,} bytes) and no .metadata; latest() still picks {done.name}")
