@@ -1,4 +1,5 @@
-"""Shared test set-up: the data file, an isolated cache, and how to run a lab."""
+"""Shared test set-up: the data file, an isolated cache, the xdist schedule and the book build.
+Helpers that tests import live in support/."""
 from __future__ import annotations
 
 import json
@@ -8,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from filelock import FileLock
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from distlab.infra.paths import REPO_ROOT
+
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
@@ -54,23 +55,6 @@ def pytest_collection_modifyitems(items):
     browser tests, which read that build, follow it."""
     order = {"test_notebooks.py": 0, "test_book_in_browser.py": 1}
     items.sort(key=lambda item: order.get(item.path.name, 2))  # stable: keeps the rest in order
-
-
-def toc_pages() -> list[Path]:
-    """The .md files the table of contents names, in reading order (book/<file>.md)."""
-    toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
-    files = [toc["root"]]
-    for part in toc.get("parts", []):
-        files += [chapter["file"] for chapter in part["chapters"]]
-    return [REPO_ROOT / "book" / f"{f}.md" for f in files]
-
-
-def run_lab(script: str, *args, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``src/labs/<script>`` as a user would, in a subprocess; never raises on failure."""
-    return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "src" / "labs" / script), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
-    )
 
 
 @pytest.fixture(scope="session")

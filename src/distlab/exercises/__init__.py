@@ -1,7 +1,7 @@
 """Checkers for the exercises that ask for code: call one with your code, read one line back.
 
 Each checker runs your code against a reference (PyTorch's own op, or the chapter's own
-implementation), on gloo or NCCL ranks through ``distlab.launch.run_ranks`` where a
+implementation), on gloo or NCCL ranks through ``distlab.infra.launch.run_ranks`` where a
 collective is involved, with timeouts, so a hang becomes an error. It prints one line
 starting with ``passed:`` that says what was compared, or raises an ``AssertionError``
 (``ValueError`` for an argument of the wrong kind) that says what is wrong.
@@ -16,13 +16,13 @@ starting with ``passed:`` that says what was compared, or raises an ``AssertionE
     Debugging                    3         check_lockstep_broadcast(program)
     Lab 2                        3         check_loads_ddp_state(load)
 """
-from distlab.exercises.accel import check_skips_sync
+from distlab.exercises.accelerate import check_skips_sync
 from distlab.exercises.activation_checkpointing import check_attention_only_policy
 from distlab.exercises.collectives import check_all_reduce
 from distlab.exercises.debugging import check_lockstep_broadcast
 from distlab.exercises.fault_tolerance import check_kill_during_shard_writes
 from distlab.exercises.fsdp_scratch import check_bf16_unit, check_sgd_exposes_missing_division
-from distlab.exercises.labs import check_loads_ddp_state
+from distlab.exercises.lab2_ddp import check_loads_ddp_state
 
 __all__ = ["check_all_reduce", "check_sgd_exposes_missing_division", "check_bf16_unit",
            "check_attention_only_policy", "check_skips_sync", "check_kill_during_shard_writes",

@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from distlab.launch import LaunchTimeout, RankFailed, run_ranks
+from distlab.infra.launch import LaunchTimeout, RankFailed, run_ranks
 
 
 def passed(message: str) -> None:

@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from distlab.activation_ckpt import build, check_policy_saves, gradients
+from distlab.chapters.activation_checkpointing import build, check_policy_saves, gradients
 from distlab.exercises._common import passed, require_callable
 from distlab.model import preset
 

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from distlab.debug_tools import CollectiveMismatch, Lockstep
+from distlab.tools.debug import CollectiveMismatch, Lockstep
 from distlab.exercises._common import on_ranks, passed, preview, require_callable
 
 

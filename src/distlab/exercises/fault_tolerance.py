@@ -10,8 +10,9 @@ from typing import Callable
 
 from distlab.checkpoint import latest
 from distlab.exercises._common import on_ranks, passed, require_callable
-from distlab.fault_injection import kill_when_stalled
-from distlab.launch import REPO_ROOT, _script_entry
+from distlab.chapters.fault_tolerance import kill_when_stalled
+from distlab.infra.launch import _script_entry
+from distlab.infra.paths import REPO_ROOT
 
 LAB2 = REPO_ROOT / "src" / "labs" / "lab2_ddp.py"
 # two steps, a checkpoint after each: save 1 completes (the sizes to expect), save 2 is killed

@@ -8,9 +8,9 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-from distlab import fsdp_scratch
+from distlab.scratch import fsdp as fsdp_scratch
 from distlab.exercises._common import on_ranks, passed, rank_device, relative_difference
-from distlab.fsdp_scratch import FlatShardUnit, shard_model, unit_parameters
+from distlab.scratch.fsdp import FlatShardUnit, shard_model, unit_parameters
 from distlab.model import GPT, preset
 
 ROWS_PER_RANK = 4
@@ -20,7 +20,7 @@ SEES = 1e-4  # relative: a comparison "sees" a difference ten times larger than 
 
 def _require_unit_class(unit_class) -> None:
     if not (isinstance(unit_class, type) and issubclass(unit_class, FlatShardUnit)):
-        raise ValueError(f"pass a subclass of distlab.fsdp_scratch.FlatShardUnit, got {unit_class!r}")
+        raise ValueError(f"pass a subclass of distlab.scratch.fsdp.FlatShardUnit, got {unit_class!r}")
 
 
 def _shard_with(model: torch.nn.Module, unit_class: type):

@@ -1,0 +1,53 @@
+"""Where, when and how a measurement was made, written next to the measurement.
+
+Every benchmark in this repository writes its result through ``write_result``, with
+``provenance``: the machine and its CPU or GPU, the core count, torch, the commit (marked
+``+dirty`` when tracked files had changes), the date and the command that made it.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from distlab.flops import device_name
+from distlab.infra.paths import REPO_ROOT
+from distlab.runtime import pick_device
+
+
+def commit() -> str:
+    """The commit measured; "+dirty" when tracked files had uncommitted changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    try:
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def provenance(module: str, argv: list[str] | None, device: str = "auto") -> dict:
+    """Where and when a measurement was made, and the command that made it."""
+    command = " ".join(sys.argv[1:] if argv is None else map(str, argv))
+    return {
+        "machine": device_name(pick_device(device)), "cpu_count": os.cpu_count(),
+        "platform": platform.platform(), "torch": torch.__version__, "commit": commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": f"python -m {module} {command}".strip(),
+    }
+
+
+def write_result(result: dict, path: str | Path) -> Path:
+    """Write a benchmark's result (with its provenance) as indented JSON, and say where."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written: {path}")
+    return path

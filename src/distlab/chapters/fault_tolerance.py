@@ -1,0 +1,154 @@
+r"""Real faults at chosen moments: stall a lab inside a checkpoint save, or SIGKILL a torchrun worker.
+
+A save that is killed half-way must leave the previous checkpoint loadable. To kill a save
+half-way every time (not when a race happens to allow it), this runs a lab with one of the
+save's steps made to wait; rank 0 writes its process id to MARKER when it gets there, and the
+caller kills that process for real (SIGKILL: no handler, no clean-up, as a lost node):
+
+    python src/distlab/chapters/fault_tolerance.py --stall before-rename --save 2 --marker M \
+        src/labs/lab2_ddp.py --checkpoint-every 2 ...
+
+Nothing in the labs knows about this: the waits are patched in from outside, here.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+# where in a save rank 0 waits; Checkpoints.save runs dcp.save, then writes train_state.json and renames
+STALLS = {
+    # DCP's coordinator (rank 0) writes .metadata after every rank has written its shard file
+    "before-metadata": "every rank's shard file written, .metadata not yet",
+    # the DCP checkpoint is complete, but the folder still has its .partial name
+    "before-rename": "shards and .metadata written, train_state.json not yet, still .partial",
+}
+
+
+def stall_on(save_number: int, where: str, marker: Path) -> None:
+    """Make rank 0 wait, forever, at ``where`` in its ``save_number``-th checkpoint save."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from distlab.checkpoint import Checkpoints
+
+    if where not in STALLS:
+        raise SystemExit(f"--stall must be one of {', '.join(STALLS)}, not {where!r}")
+    owner, name = (FileSystemWriter, "finish") if where == "before-metadata" else (Checkpoints, "_train_state")
+    original, calls = getattr(owner, name), [0]
+
+    def patched(*args, **kwargs):
+        calls[0] += 1  # both methods run on rank 0 only, once per save
+        if calls[0] == save_number:
+            marker.write_text(f"{os.getpid()}\n")
+            while True:  # until killed
+                time.sleep(1)
+        return original(*args, **kwargs)
+
+    setattr(owner, name, patched)
+
+
+def kill_when_stalled(marker: Path, timeout: float = 120, ready: Callable[[], bool] | None = None,
+                      stop: threading.Event | None = None) -> threading.Thread:
+    """Start a thread that SIGKILLs the process whose pid ``stall_on`` writes to ``marker``,
+    as soon as it is there (or gives up after ``timeout`` seconds, or once ``stop`` is set);
+    join it after the run. With ``ready``, the kill also waits (up to 10 s) until ``ready()``
+    is true, e.g. until another rank has finished its part of the save."""
+    def watch():
+        deadline = time.monotonic() + timeout
+        while not marker.exists() or not marker.read_text().strip():
+            if time.monotonic() > deadline or (stop is not None and stop.is_set()):
+                return
+            time.sleep(0.02)
+        settle = time.monotonic() + 10
+        while ready is not None and not ready() and time.monotonic() < settle:
+            time.sleep(0.02)
+        kill(int(marker.read_text()))
+
+    killer = threading.Thread(target=watch, daemon=True)
+    killer.start()
+    return killer
+
+
+def torchrun_workers(agent_pid: int) -> dict[int, int]:
+    """{global rank: pid} of the workers a torchrun agent (process ``agent_pid``) started,
+    read from /proc (Linux): the agent's children, each with RANK in its environment."""
+    workers = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(command name)"
+            if int(fields[1]) != agent_pid:  # fields[1] is the parent's pid
+                continue
+            env = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):  # the process ended while we looked
+            continue
+        for var in env:
+            if var.startswith(b"RANK="):
+                workers[int(var[5:])] = int(stat.parent.name)
+    return workers
+
+
+def kill(pid: int) -> None:
+    """SIGKILL: the process gets no chance to clean up, as when a machine dies."""
+    os.kill(pid, signal.SIGKILL)
+
+
+def torchrun_killing_a_rank(script: str | Path, args: list, after: Path, nprocs: int = 2, rank: int = 1,
+                            max_restarts: int = 1, timeout: float = 180) -> tuple[int, list[tuple[float, str]]]:
+    """Run ``torchrun --standalone --max-restarts`` on ``script``; SIGKILL global rank ``rank``
+    as soon as the path ``after`` exists (say, the first checkpoint). Returns torchrun's exit
+    code and its output lines, each with the seconds since the start; a ``KILLED`` line marks
+    the kill. Everything is killed if it has not finished after ``timeout`` seconds."""
+    start = time.monotonic()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
+         f"--max-restarts={max_restarts}", "--monitor-interval=0.1", str(script), *map(str, args)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic() - start, ln.rstrip())
+                                                           for ln in agent.stdout), daemon=True)
+    reader.start()
+    try:
+        while not Path(after).exists():
+            if agent.poll() is not None:
+                raise RuntimeError(f"torchrun ended (exit code {agent.returncode}) before {after} appeared")
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"{after} did not appear within {timeout} s")
+            time.sleep(0.01)
+        victim = torchrun_workers(agent.pid)[rank]
+        kill(victim)
+        lines.append((time.monotonic() - start, f"KILLED rank {rank} (pid {victim}) with SIGKILL"))
+        agent.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)  # the agent and every worker it started
+            agent.wait()
+        reader.join(timeout=10)
+    return agent.returncode, sorted(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="fault_injection.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stall", required=True, choices=sorted(STALLS), help="where rank 0 waits")
+    parser.add_argument("--save", type=int, required=True, help="in which save (1: the first)")
+    parser.add_argument("--marker", type=Path, required=True, help="rank 0 writes its pid here once waiting")
+    parser.add_argument("script", help="the lab to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the lab's own options")
+    opts = parser.parse_args()
+    if int(os.environ.get("RANK", "0")) == 0:
+        stall_on(opts.save, opts.stall, opts.marker)
+    sys.argv = [opts.script, *opts.args]
+    sys.path.insert(0, str(Path(opts.script).resolve().parent))
+    runpy.run_path(opts.script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

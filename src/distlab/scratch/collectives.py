@@ -1,0 +1,133 @@
+"""Collective communication from scratch: a ring all-reduce, its schedule, its cost, and
+the deadlock that a naive ring of blocking sends walks into.
+
+    ring_all_reduce(t)                 # in place, SUM, same result as dist.all_reduce(t)
+    ring_schedule(4)                   # the same algorithm on paper, step by step
+    ring_bytes_sent_per_rank(n, 4, 4)  # 2(N-1)/N of the tensor's bytes, whatever N is
+
+Every function that talks runs inside a rank that has joined the default process group
+(``distlab.infra.launch.run_ranks`` does that); ``ring_schedule`` and the cost model are plain
+Python.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _send_recv(send_buf: torch.Tensor, dst: int, recv_buf: torch.Tensor, src: int) -> None:
+    """Send to ``dst`` and receive from ``src`` at the same time."""
+    # Post both before waiting on either. Every rank of the ring sends and receives in the
+    # same step; a rank that finished its send before posting its receive would wait for a
+    # neighbour that is waiting for it (see blocking_ring_send_first below).
+    requests = [dist.irecv(recv_buf, src), dist.isend(send_buf, dst)]
+    for request in requests:
+        request.wait()
+
+
+# --- begin ring ---
+def ring_all_reduce(tensor: torch.Tensor, max_steps: int | None = None) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks, in place, with point-to-point messages only.
+
+    ``max_steps`` stops after that many of the 2(N-1) steps, so a test (or a reader) can
+    look at the half-done state and compare it with ``ring_schedule``.
+    """
+    rank, n = dist.get_rank(), dist.get_world_size()
+    # a non-contiguous tensor has no flat view: work on a flat copy, write it back at the end
+    contiguous = tensor.is_contiguous()
+    flat = tensor.view(-1) if contiguous else tensor.flatten()
+    # N views into the flat tensor; sizes differ by at most one, and some are empty when
+    # numel < N. Each rank computes the same split, so sender and receiver agree on sizes.
+    chunks = torch.tensor_split(flat, n)
+    right, left = (rank + 1) % n, (rank - 1) % n
+    steps = 2 * (n - 1) if max_steps is None else max_steps
+
+    # Reduce-scatter: in step s, rank r passes its partial sum of chunk (r - s) to the
+    # right and adds the left neighbour's partial sum into chunk (r - s - 1). A chunk
+    # gains one rank's contribution per hop, so after N-1 hops rank r holds the complete
+    # sum of chunk (r + 1), and each rank has sent only N-1 chunks, not N-1 tensors.
+    for step in range(min(n - 1, steps)):
+        send_c, recv_c = (rank - step) % n, (rank - step - 1) % n
+        incoming = torch.empty_like(chunks[recv_c])
+        _send_recv(chunks[send_c], right, incoming, left)
+        chunks[recv_c].add_(incoming)
+
+    # All-gather: the finished chunks travel round the ring the same way, but now the
+    # receiver overwrites its stale chunk (copy, not add), so it can receive in place.
+    for step in range(min(n - 1, steps - (n - 1))):
+        send_c, recv_c = (rank - step + 1) % n, (rank - step) % n
+        _send_recv(chunks[send_c], right, chunks[recv_c], left)
+    if not contiguous:
+        tensor.copy_(flat.view(tensor.shape))
+    return tensor
+# --- end ring ---
+
+
+def ring_schedule(n_ranks: int) -> list[dict]:
+    """The ring all-reduce on paper: the state at the start and after each of its 2(N-1) steps.
+
+    Entry k (k = 0 is the start) has
+      ``phase``    "start", "reduce-scatter" or "all-gather";
+      ``step``     the step within its phase, counted from 1 (0 at the start);
+      ``sends``    ``sends[r]``: the chunk rank r sent to rank r+1 in this step (None at the start);
+      ``receives`` ``receives[r]``: the chunk rank r received from rank r-1 and updated;
+      ``holds``    ``holds[r][c]``: the ranks whose contributions chunk c on rank r now sums.
+    """
+    n = n_ranks
+    holds = [[frozenset({r})] * n for r in range(n)]  # at the start each rank has only its own data
+    entries = [dict(phase="start", step=0, sends=[None] * n, receives=[None] * n,
+                    holds=[row[:] for row in holds])]
+    for phase, offset in (("reduce-scatter", 0), ("all-gather", 1)):
+        for step in range(n - 1):
+            sends = [(r - step + offset) % n for r in range(n)]
+            receives = [(r - step - 1 + offset) % n for r in range(n)]
+            before = [row[:] for row in holds]
+            for r in range(n):
+                left, c = (r - 1) % n, receives[r]
+                assert sends[left] == c  # what the left neighbour sends is what r receives
+                if phase == "reduce-scatter":  # add the incoming partial sum to our own
+                    holds[r][c] = before[r][c] | before[left][c]
+                else:  # all-gather: the incoming chunk is complete, and replaces ours
+                    holds[r][c] = before[left][c]
+            entries.append(dict(phase=phase, step=step + 1, sends=sends, receives=receives,
+                                holds=[row[:] for row in holds]))
+    return entries
+
+
+def ring_bytes_sent_per_rank(numel: int, n_ranks: int, element_size: int) -> float:
+    """Bytes each rank sends in a ring all-reduce: 2(N-1)/N of the tensor.
+
+    N-1 steps of reduce-scatter and N-1 of all-gather, each sending one chunk of 1/N of the
+    tensor (exact when N divides numel; otherwise chunk sizes differ by one element).
+    """
+    return 2 * (n_ranks - 1) / n_ranks * numel * element_size
+
+
+def blocking_ring_send_first(tensor: torch.Tensor) -> torch.Tensor:
+    """Pass ``tensor`` one hop to the right with blocking calls, sending first. Deadlocks on gloo."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    received = torch.empty_like(tensor)
+    # gloo's blocking send returns only once the right neighbour has posted its receive,
+    # whatever the size; but that neighbour is stuck in its own send, and so on round the
+    # ring. Every rank waits for the next one: with a process-group timeout they all fail.
+    dist.send(tensor, (rank + 1) % n)
+    dist.recv(received, (rank - 1) % n)
+    return received
+
+
+def parity_ring_exchange(tensor: torch.Tensor) -> torch.Tensor:
+    """The same exchange with blocking calls that cannot deadlock: odd ranks receive first."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    received = torch.empty_like(tensor)
+    if n == 1:
+        return received.copy_(tensor)
+    # Rank 1 receives first, so rank 0's send completes, so rank 0 can receive, and so on:
+    # the cycle of waits is broken. With N odd, ranks N-1 and 0 are both even and both
+    # send first, but rank 0's send still completes because rank 1 is odd.
+    if rank % 2 == 0:
+        dist.send(tensor, (rank + 1) % n)
+        dist.recv(received, (rank - 1) % n)
+    else:
+        dist.recv(received, (rank - 1) % n)
+        dist.send(tensor, (rank + 1) % n)
+    return received

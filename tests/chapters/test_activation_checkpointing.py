@@ -1,0 +1,159 @@
+"""Activation checkpointing: same gradients, fewer saved bytes, policies that really save, lab 5."""
+import json
+import shlex
+
+import pytest
+import torch
+from torch.utils.checkpoint import CheckpointPolicy
+
+from distlab.infra.paths import REPO_ROOT
+from support.labs import run_lab
+from distlab.chapters.activation_checkpointing import (
+    activation_memory, build, check_policy_saves, checkpoint_blocks, fsdp2_orders, gradients)
+from distlab.bench.ac import POLICIES
+from distlab.infra.launch import run_ranks
+from distlab.tools.memory_calculator import activation_bytes
+from distlab.metrics import read_metrics, read_summary
+from distlab.model import GPT, preset
+from distlab.parallel import SAVE_MATMULS_AND_ATTENTION, apply_activation_checkpointing, save_ops_policy
+from support.labs import BASELINE, torchrun
+
+aten = torch.ops.aten
+SDPA_CPU = str(aten._scaled_dot_product_flash_attention_for_cpu.default)
+
+
+def _batch(cfg, batch, seed=0):
+    return torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("preset_name,batch", [("tiny", 8), ("shakespeare", 1)])
+@pytest.mark.parametrize("mode,every", [("full", 1), ("full", 2), ("selective", 1), ("selective", 2)])
+def test_gradients_equal_those_without_checkpointing(preset_name, batch, mode, every):
+    idx, targets = _batch(preset(preset_name), batch)
+    reference = gradients(build(preset_name), idx, targets)
+    checkpointed = gradients(build(preset_name, mode, every), idx, targets)
+    for got, want in zip(checkpointed, reference):  # fp32: the recomputation repeats the same kernels
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+
+
+def test_hand_written_wrapper_gives_the_same_gradients():
+    idx, targets = _batch(preset("tiny"), 8)
+    reference = gradients(build("tiny"), idx, targets)
+    for got, want in zip(gradients(checkpoint_blocks(build("tiny")), idx, targets), reference):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("preset_name,batch", [("tiny", 8), ("shakespeare", 2)])
+def test_saved_bytes_match_the_formula_and_the_tracker(preset_name, batch):
+    cfg = preset(preset_name)
+    idx, targets = _batch(cfg, batch)
+    none, full, selective = (activation_memory(build(preset_name, mode), idx, targets)
+                             for mode in ("none", "full", "selective"))
+    for measured, checkpointing in ((none, False), (full, True)):
+        assert measured["hooks"] == activation_bytes(cfg, batch, cfg.block_size, checkpointing)["saved"]
+        assert measured["saved"] == measured["hooks"] + 4  # the tracker also counts the returned fp32 loss
+    assert full["saved"] <= 0.20 * none["saved"]
+    # selective caches its saved outputs outside autograd: the hooks miss them, the tracker does not
+    assert selective["hooks"] == full["hooks"]
+    assert full["saved"] < selective["saved"] < none["saved"]
+    assert full["peak"] < selective["peak"] < none["peak"]
+
+
+def test_selective_policy_saves_every_matmul_and_attention_output():
+    cfg = preset("tiny")
+    saved = check_policy_saves(save_ops_policy())
+    # per block: the qkv, attention projection, MLP up and MLP down Linears (biased: addmm), and attention
+    assert saved == {str(aten.addmm.default): 4 * cfg.n_layer, SDPA_CPU: cfg.n_layer}
+
+
+def test_policies_that_name_ops_the_wrong_way_are_caught():
+    with pytest.raises(TypeError, match="overload"):  # packets are refused when the policy is built
+        save_ops_policy([aten.mm, aten.addmm])
+
+    def by_packet(ctx, op, *args, **kwargs):  # hand-written: the op is never equal to a packet
+        return CheckpointPolicy.MUST_SAVE if op in (aten.mm, aten.addmm) else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def composite(ctx, op, *args, **kwargs):  # aten.linear is decomposed before the policy sees it
+        return CheckpointPolicy.MUST_SAVE if op == aten.linear.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    for policy in (by_packet, composite):
+        with pytest.raises(ValueError, match="saved no operator"):
+            check_policy_saves(policy)
+    # a list written for Linears without bias (mm): on this model only attention is saved
+    saved = check_policy_saves(save_ops_policy([aten.mm.default, aten._scaled_dot_product_flash_attention_for_cpu.default]))
+    assert str(aten.addmm.default) not in saved
+
+
+def test_bad_arguments_and_plain_state_dict_keys():
+    with pytest.raises(ValueError, match="unknown activation checkpointing mode"):
+        apply_activation_checkpointing(GPT(preset("tiny")), "ful")
+    with pytest.raises(ValueError, match="every must be"):
+        apply_activation_checkpointing(GPT(preset("tiny")), "full", every=0)
+    plain = GPT(preset("tiny")).state_dict()
+    wrapped = apply_activation_checkpointing(GPT(preset("tiny")), "selective")
+    assert list(wrapped.state_dict()) == list(plain)  # the wrapper's name part is stripped
+    wrapped.load_state_dict(plain)
+    assert all(str(op).endswith(".default") for op in SAVE_MATMULS_AND_ATTENTION)
+
+
+def test_with_fsdp2_in_both_orders_gradients_equal_one_process():
+    rows = run_ranks(fsdp2_orders, nprocs=2, timeout=240)[0]
+    for row in rows:
+        assert row["grad_max_abs_diff"] < 1e-6, row
+        assert row["all_gathers"] == rows[0]["all_gathers"]  # no order gathers more
+    # checkpoint, then shard: FSDP2's hooks run once per block; the other order with the reentrant
+    # checkpoint runs them again in the recomputation
+    first = {(r["order"], r["checkpoint"]): r["pre_forward_per_block"] for r in rows}
+    assert first[("checkpoint, then shard", "reentrant")] == 1
+    assert first[("shard, then checkpoint", "reentrant")] == 2
+
+
+def test_lab5_gradients_and_losses_equal_lab_1_in_every_mode(tmp_path):
+    grad_norms = {}
+    for mode, every in (("none", 1), ("full", 1), ("selective", 2)):
+        out = tmp_path / mode
+        proc = torchrun("lab5_activation_ckpt.py", 2, *BASELINE["args"], "--micro-batch-size", 4,
+                        "--ac", mode, "--ac-every", every, "--out", out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        metrics = read_metrics(out)
+        assert [m["loss"] for m in metrics] == pytest.approx(BASELINE["losses"], rel=1e-5)
+        grad_norms[mode] = [m["grad_norm"] for m in metrics]
+        assert read_summary(out)["strategy"] == f"fsdp2+accumulation+ac-{mode}"
+    for mode in ("full", "selective"):  # the global gradient norm of every step, with and without
+        assert grad_norms[mode] == pytest.approx(grad_norms["none"], rel=1e-6, abs=0)
+
+
+def test_lab5_resumes_a_lab4_checkpoint_and_saves_plain_weights(tmp_path):
+    common = ["--steps", "6", "--eval-batches", "1", "--sample-chars", "0", "--no-progress"]
+    proc = run_lab("lab4_fsdp2.py", *common, "--checkpoint-every", 3, "--out", tmp_path / "lab4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_lab("lab5_activation_ckpt.py", *common, "--ac", "selective", "--out", tmp_path / "lab5",
+                   "--resume", tmp_path / "lab4" / "checkpoints" / "step_000003")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lab4 = [m["loss"] for m in read_metrics(tmp_path / "lab4")]
+    lab5 = [m["loss"] for m in read_metrics(tmp_path / "lab5")]
+    assert lab5 == lab4[3:]  # the checkpoint's keys are the plain model's, with or without wrappers
+    GPT(preset("tiny")).load_state_dict(torch.load(tmp_path / "lab5" / "model.pt", weights_only=True))
+
+
+@pytest.mark.parametrize("flags,message", [(["--ac", "ful"], "unknown --ac 'ful'"),
+                                           (["--ac-every", "0"], "--ac-every must be positive")])
+def test_lab5_refuses_bad_flags_in_one_line(flags, message):
+    proc = run_lab("lab5_activation_ckpt.py", *flags)
+    assert proc.returncode != 0 and message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_recorded_benchmark_is_complete_and_rerunnable():
+    result = json.loads((REPO_ROOT / "results" / "ac_bench.json").read_text())
+    command = shlex.split(result["provenance"]["command"])
+    assert command[:3] == ["python", "-m", "distlab.bench.ac"]
+    from distlab.bench.ac import main  # the recorded options still parse (nothing is run with --help)
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command[3:], "--help"])
+    assert exit_info.value.code == 0
+    runs = result["single_process"]
+    assert [(r["mode"], r["every"]) for r in runs] == [(mode, every) for _, mode, every in POLICIES]
+    for run in runs:
+        assert run["grad_max_abs_diff"] <= 1e-6 and run["median_step_s"] > 0 and run["saved"] > 0
+    assert {r["mode"] for r in result["fsdp2"]} == {"none", "full", "selective"}

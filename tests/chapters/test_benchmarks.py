@@ -1,0 +1,114 @@
+"""The benchmark harness, the recorded results the Benchmarks chapter reads, and the run-logs CLI."""
+import json
+import shutil
+
+import pytest
+
+from distlab.bench import labs as bench
+from distlab.tools import runs
+from distlab.bench.report import RESULTS, loss_agreement, recorded_results, run, scaling, targets
+from distlab.cli import parse_config
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """Labs 1-6 on the tiny model, 4 steps: lab 1 on 1 process, the others on 2 ranks."""
+    folder = tmp_path_factory.mktemp("bench")
+    result = bench.main(["--preset", "tiny", "--batch-size", "8", "--steps", "4", "--ranks", "2",
+                         "--eval-batches", "1", "--out", str(folder / "result.json"),
+                         "--runs-dir", str(folder / "runs")])
+    return result, folder
+
+
+def test_the_harness_runs_every_lab_on_one_workload_and_they_train_the_same_model(smoke):
+    result, folder = smoke
+    assert json.loads((folder / "result.json").read_text()) == result
+    assert result["schema"] == bench.SCHEMA
+    assert set(result["provenance"]) >= {"machine", "cpu_count", "torch", "commit", "date", "command"}
+    assert [(r["lab"], r["world_size"]) for r in result["runs"]] == [
+        ("lab1_single", 1), ("lab2_ddp", 2), ("lab3_grad_accum", 2), ("lab4_fsdp2", 2),
+        ("lab5_activation_ckpt", 2), ("lab6_accelerate", 2)]
+    for r in result["runs"]:
+        assert "error" not in r, r
+        assert r["config"]["preset"] == "tiny" and r["config"]["batch_size"] == 8 and r["config"]["steps"] == 4
+        assert len(r["losses"]) == 4 and r["tokens_per_s"] > 0 and 0 < r["mfu"]
+        peak = r["peak_bytes_by_kind"]
+        assert peak["total"] == sum(v for k, v in peak.items() if k != "total") > 0
+        assert r["command"].startswith(f"torchrun --nproc-per-node={r['world_size']} src/labs/{r['lab']}.py")
+    # labs 3-6 took micro-batches of 4: 2 ranks x 1 micro-batch for a global batch of 8
+    assert run(result, "lab3_grad_accum", 2)["accum_steps"] == 1
+    # fp32, same seed and batches: every strategy trains the same model as lab 1
+    assert max(loss_agreement(result).values()) < 1e-5
+
+
+def test_the_recorded_figures_of_a_run_are_its_own(smoke):
+    result, _ = smoke
+    lab3, lab4 = run(result, "lab3_grad_accum", 2), run(result, "lab4_fsdp2", 2)
+    # FSDP2 on 2 ranks holds half of each parameter (up to the padding of odd sizes)
+    assert 0.49 < lab4["state_bytes_per_rank"]["total"] / lab3["state_bytes_per_rank"]["total"] <= 0.52
+    assert "sharded_params" in lab4["peak_bytes_by_kind"] and "params" in lab3["peak_bytes_by_kind"]
+    rows = {row["goal"]: row for row in targets(result)}
+    assert rows["FSDP2 state"]["met"] is True and rows["FSDP2 state"]["measured"] == pytest.approx(
+        lab4["state_bytes_per_rank"]["total"] / lab3["state_bytes_per_rank"]["total"])
+    assert all(row["measured"] is not None for row in rows.values())
+    # only 2 ranks were run: each lab's efficiency against its own 1-rank run is unknown
+    assert all(row["efficiency_vs_own_1_rank"] is None for row in scaling(result) if row["ranks"] == 2)
+
+
+def test_the_harness_refuses_a_workload_it_cannot_split(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--steps", "2"])
+    assert "--steps must be at least 3" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--batch-size", "24", "--ranks", "1", "2", "4"])
+    assert "--batch-size 24 does not split into micro-batches of 4 over 4 ranks" in capsys.readouterr().err
+
+
+def test_recorded_results_exist_parse_and_come_from_the_current_labs_options():
+    results = recorded_results()
+    assert "cpu_shakespeare_fp32" in results, f"no recorded CPU benchmark in {RESULTS}"
+    main = results["cpu_shakespeare_fp32"]
+    made = {(r["lab"], r["world_size"]) for r in main["runs"] if "error" not in r}
+    assert ("lab1_single", 1) in made
+    assert {(lab, n) for lab in bench.LABS.values() if lab != "lab1_single" for n in (1, 2, 4)} <= made
+    for name, result in results.items():
+        assert result["schema"] == bench.SCHEMA, name
+        assert set(result["provenance"]) >= {"machine", "cpu_count", "torch", "commit", "date", "command"}
+        for r in result["runs"]:
+            if "error" in r:
+                continue
+            module = bench.load_lab(r["lab"])
+            # every option the lab has today was recorded, and no other: else rerun the benchmark
+            assert set(r["config"]) == bench.lab_options(r["lab"]), (name, r["lab"])
+            argv = r["command"].split(f"src/labs/{r['lab']}.py ", 1)[1].split()
+            reparsed = parse_config(module.TrainConfig, argv)
+            assert {k: v for k, v in vars(reparsed).items() if k != "data"} == \
+                   {k: v for k, v in r["config"].items() if k != "data"}, (name, r["lab"])
+
+
+def test_runs_cli_lists_summarises_and_plots(smoke, tmp_path, capsys):
+    _, folder = smoke
+    found = runs.find_runs(folder / "runs")
+    assert {p.name for p in found} == {"lab1_single_1ranks", "lab2_ddp_2ranks", "lab3_grad_accum_2ranks",
+                                       "lab4_fsdp2_2ranks", "lab5_activation_ckpt_2ranks", "lab6_accelerate_2ranks"}
+    unfinished = tmp_path / "runs" / "died"
+    shutil.copytree(folder / "runs" / "lab2_ddp_2ranks", unfinished)
+    (unfinished / "summary.json").unlink()
+
+    assert runs.main(["list", str(folder / "runs")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6 and any("lab4_fsdp2 fsdp2" in line and "2 rank(s), 4 steps" in line for line in lines)
+    assert runs.main(["summary", str(unfinished), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["finished"] is False and s["steps_logged"] == 4 and s["tokens_per_s"] is None
+    assert "(unfinished: 4 steps logged)" in runs.summary_line(s)
+
+    image = tmp_path / "curves.png"
+    assert runs.main(["plot", str(folder / "runs" / "lab1_single_1ranks"), str(unfinished),
+                      "--metric", "loss", "val_loss", "--out", str(image)]) == 0
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    assert runs.main(["summary", str(tmp_path)]) == 1
+    assert "is not a run folder (it has no metrics.jsonl)" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown metric 'accuracy'"):
+        runs.plot_runs([unfinished], metrics=("accuracy",))

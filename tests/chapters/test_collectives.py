@@ -1,0 +1,127 @@
+"""The ring all-reduce from scratch equals dist.all_reduce; its schedule, its cost model, and
+the blocking-send deadlock (which must fail at the process-group timeout, never hang)."""
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distlab.scratch.collectives import (blocking_ring_send_first, parity_ring_exchange, ring_all_reduce,
+                                 ring_bytes_sent_per_rank, ring_schedule)
+from distlab.infra.launch import RankFailed, run_ranks
+
+
+def check_on_every_rank():
+    """Everything the tests ask of N real ranks, in one launch per N (a launch costs seconds)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    report = {"mismatches": [], "masks": [], "parity": None}
+
+    # 1. ring == dist.all_reduce: sizes divisible by N, not divisible, and smaller than N
+    gen = torch.Generator().manual_seed(1234 + rank)  # different data on every rank
+    for numel in sorted({1, n - 1, n, 2 * n + 1, 1000, 1001, 4099} - {0}):
+        for dtype in (torch.float32, torch.int64):
+            if dtype.is_floating_point:
+                x = torch.randn(numel, generator=gen)
+            else:
+                x = torch.randint(-1000, 1000, (numel,), generator=gen)
+            expected = x.clone()
+            dist.all_reduce(expected)
+            ptr = x.data_ptr()
+            out = ring_all_reduce(x)
+            # the ring adds in a different order than gloo: float sums agree to rounding
+            same = (torch.allclose(x, expected, rtol=1e-5, atol=1e-5) if dtype.is_floating_point
+                    else torch.equal(x, expected))
+            if not (same and out is x and x.data_ptr() == ptr):  # equal, and in place
+                report["mismatches"].append((numel, str(dtype)))
+    # a 2-D tensor and a non-contiguous one keep their shape and are reduced in place
+    for x in (torch.arange(12.0).reshape(3, 4) + rank, (torch.arange(12.0).reshape(3, 4) + rank).t()):
+        expected = x.clone()
+        dist.all_reduce(expected)
+        ring_all_reduce(x)
+        if not torch.equal(x, expected):
+            report["mismatches"].append(("2-D", tuple(x.shape), x.is_contiguous()))
+
+    # 2. the state after every step, to compare with ring_schedule. Rank r contributes
+    # 2**r to every element, so each element's sum is a bit mask of the ranks it contains.
+    numel = 2 * n + 1  # uneven chunks on purpose
+    for k in range(2 * (n - 1) + 1):
+        x = torch.full((numel,), 2 ** rank, dtype=torch.int64)
+        ring_all_reduce(x, max_steps=k)
+        report["masks"].append([chunk.tolist() for chunk in torch.tensor_split(x, n)])
+
+    # 3. the parity-ordered blocking exchange delivers the left neighbour's tensor
+    report["parity"] = parity_ring_exchange(torch.tensor([float(rank)] * 3)).tolist()
+    return report
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"{n}ranks")
+def ranks(request):
+    n = request.param
+    return n, run_ranks(check_on_every_rank, nprocs=n, timeout=120, pg_timeout=30, quiet=True)
+
+
+def test_ring_all_reduce_equals_dist_all_reduce(ranks):
+    n, reports = ranks
+    assert [r["mismatches"] for r in reports] == [[]] * n
+
+
+def test_schedule_agrees_with_the_real_ring_at_every_step(ranks):
+    n, reports = ranks
+    schedule = ring_schedule(n)
+    assert len(schedule) == 2 * (n - 1) + 1
+    for k, entry in enumerate(schedule):
+        for rank, report in enumerate(reports):
+            for c, values in enumerate(report["masks"][k]):
+                expected_mask = sum(2 ** r for r in entry["holds"][rank][c])
+                assert values == [expected_mask] * len(values), (k, rank, c)
+    # after 2(N-1) steps every rank holds the full sum of every chunk
+    assert all(held == frozenset(range(n)) for row in schedule[-1]["holds"] for held in row)
+
+
+def test_parity_ordered_blocking_exchange_works(ranks):
+    n, reports = ranks
+    assert [r["parity"] for r in reports] == [[float((rank - 1) % n)] * 3 for rank in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_schedule_shape(n):
+    schedule = ring_schedule(n)
+    phases = [e["phase"] for e in schedule]
+    assert phases == ["start"] + ["reduce-scatter"] * (n - 1) + ["all-gather"] * (n - 1)
+    # after reduce-scatter, rank r alone holds the complete sum, of chunk r+1
+    for r, row in enumerate(schedule[n - 1]["holds"]):
+        complete = [c for c, held in enumerate(row) if held == frozenset(range(n))]
+        assert complete == [(r + 1) % n]
+    for e in schedule[1:]:
+        assert sorted(e["sends"]) == list(range(n))  # every chunk is on the wire in every step
+
+
+def test_cost_model_numbers():
+    assert ring_bytes_sent_per_rank(1_000_000, 1, 4) == 0
+    assert ring_bytes_sent_per_rank(1_000_000, 2, 4) == 4_000_000  # N=2: the whole tensor once
+    assert ring_bytes_sent_per_rank(1_000_000, 4, 4) == 6_000_000  # 2 * 3/4
+    assert ring_bytes_sent_per_rank(1_000_000, 1000, 4) == pytest.approx(7_992_000)  # -> 2x as N grows
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_cost_model_counts_what_the_schedule_sends(n):
+    numel, element_size = 12 * n, 4  # divisible by n: the model is exact
+    sizes = [len(c) for c in torch.tensor_split(torch.empty(numel), n)]
+    for rank in range(n):
+        sent = sum(sizes[e["sends"][rank]] * element_size for e in ring_schedule(n)[1:])
+        assert sent == ring_bytes_sent_per_rank(numel, n, element_size)
+
+
+def send_first_one_element():
+    # One element is enough: gloo's TCP transport writes a message only once the receiver
+    # has posted its matching recv (gloo/transport/tcp/pair.cc, Pair::send), so a blocking
+    # send waits for the receiver at every size. We measured 1 to 4M float32 elements on
+    # 2 ranks: all of them deadlocked; no size was buffered.
+    return blocking_ring_send_first(torch.ones(1)).tolist()
+
+
+def test_send_first_ring_fails_at_the_process_group_timeout():
+    start = time.monotonic()
+    with pytest.raises(RankFailed, match="Timed out"):
+        run_ranks(send_first_one_element, nprocs=2, pg_timeout=5, timeout=60, quiet=True)
+    assert time.monotonic() - start < 45  # failed on the 5 s timeout, not killed at the 60 s one

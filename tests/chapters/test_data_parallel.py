@@ -1,0 +1,149 @@
+"""DataParallel from scratch gives the plain module's outputs, gradients and training losses."""
+import pytest
+import torch
+import torch.nn as nn
+
+from distlab.data import TokenData, load_corpus
+from distlab.scratch.data_parallel import ScratchDataParallel, gather, replicate, scatter
+from distlab.chapters.data_parallel import KINDS, backward_threads, train_steps
+from distlab.model import GPT, preset
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return TokenData(load_corpus())
+
+
+def batch(data, rows):
+    return data.batch("train", 0, rows, preset("tiny").block_size, 0, 0, 1, CPU)
+
+
+def pair(data):
+    make = lambda: GPT(preset("tiny", vocab_size=data.tokenizer.vocab_size), seed=0)
+    return make(), make()
+
+
+@pytest.mark.parametrize("rows,replicas", [(16, 2), (12, 3), (16, 4)])
+def test_outputs_and_gradients_equal_the_plain_module(data, rows, replicas):
+    plain, model = pair(data)
+    x, y = batch(data, rows)
+    ref_logits, ref_loss = plain(x, y)
+    ref_loss.backward()
+    logits, losses = ScratchDataParallel(model, [CPU] * replicas)(x, y)
+    assert losses.shape == (replicas,)
+    losses.mean().backward()
+    torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(losses.mean(), ref_loss, rtol=0, atol=1e-6)
+    for (name, a), b in zip(plain.named_parameters(), model.parameters()):
+        assert b.grad is not None, name
+        torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-6, msg=name)
+
+
+def test_uneven_chunks_need_row_weighted_losses(data):
+    plain, model = pair(data)
+    x, y = batch(data, 5)
+    _, ref_loss = plain(x, y)
+    _, losses = ScratchDataParallel(model, [CPU, CPU])(x, y)
+    rows = [len(c) for c in x.chunk(2)]
+    assert rows == [3, 2]
+    weighted = sum(n * loss for n, loss in zip(rows, losses)) / 5
+    torch.testing.assert_close(weighted, ref_loss, rtol=0, atol=1e-6)
+    assert abs(losses.mean().item() - ref_loss.item()) > 1e-4  # the naive mean weighs rows unequally
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "plain"])
+def test_training_matches_the_plain_module(kind):
+    ref = train_steps("plain", "tiny", steps=5, global_batch=16)["losses"]
+    got = train_steps(kind, "tiny", steps=5, global_batch=16)["losses"]
+    assert got == pytest.approx(ref, rel=1e-5)
+    assert ref[-1] < ref[0]  # it trained
+
+
+def test_replicas_are_differentiable_copies_with_ties_kept(data):
+    model = GPT(preset("tiny", vocab_size=data.tokenizer.vocab_size), seed=0)
+    replica = replicate(model, [CPU])[0]
+    originals = {id(p) for p in model.parameters()}
+    copies = list(replica.parameters())
+    assert len(copies) == len(list(model.parameters()))
+    assert not any(id(p) in originals for p in copies)
+    assert all(p.grad_fn is not None for p in copies)  # connected to the originals by autograd
+    assert replica.lm_head.weight is replica.wte.weight  # the tied head stays tied
+    assert replica.blocks[0] is not model.blocks[0]
+
+
+def test_thread_local_grad_mode_and_autocast_reach_the_replicas(data):
+    _, model = pair(data)
+    dp = ScratchDataParallel(model, [CPU, CPU])
+    x, y = batch(data, 4)
+    with torch.no_grad():
+        logits, _ = dp(x, y)
+    assert not logits.requires_grad
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = dp(x, y)
+    assert logits.dtype == torch.bfloat16
+
+
+def test_a_failing_replica_raises_in_the_caller(data):
+    _, model = pair(data)
+    x, y = batch(data, 4)
+    x[3, 0] = 10_000  # a token id past the vocabulary, in the second replica's rows
+    with pytest.raises(RuntimeError, match="replica 1 failed"):
+        ScratchDataParallel(model, [CPU, CPU])(x, y)
+
+
+def test_short_batches_and_bad_devices(data):
+    x, y = batch(data, 1)
+    assert len(scatter((x, y), [CPU] * 4)) == 1  # one row: one chunk, as torch.chunk gives
+    _, model = pair(data)
+    logits, loss = ScratchDataParallel(model, [CPU] * 4)(x, y)
+    assert logits.shape[0] == 1 and loss.dim() == 0
+    with pytest.raises(ValueError, match="at least one device"):
+        ScratchDataParallel(model, [])
+
+
+def test_gather_stacks_scalars_and_concatenates_the_rest():
+    out = gather([(torch.ones(2, 3), torch.tensor(1.0)), (torch.zeros(1, 3), torch.tensor(2.0))], CPU)
+    assert out[0].shape == (3, 3)
+    assert out[1].tolist() == [1.0, 2.0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU behaviour of nn.DataParallel")
+def test_torch_dataparallel_without_gpus_calls_the_module_once(data):
+    model = GPT(preset("tiny", vocab_size=data.tokenizer.vocab_size), seed=0)
+    seen = []
+    model.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    dp = nn.DataParallel(model, device_ids=[0, 1])
+    x, y = batch(data, 16)
+    dp(x, y)
+    assert dp.device_ids == [] and seen == [(16, 64)]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on GPUs each device has its own autograd thread")
+def test_cpu_backward_of_every_replica_runs_on_the_calling_thread():
+    assert backward_threads() == {0: {"MainThread"}, 1: {"MainThread"}}
+
+
+def test_the_recorded_comparison_is_complete_and_its_variants_trained_alike():
+    """The chapter reads results/dp_bench.json (python -m distlab.bench.dp): five variants, the
+    same steps, the same losses, and the phases of one scratch DP step."""
+    from distlab.bench.dp import WARMUP_STEPS, load
+    measured, workload, runs = load()
+    assert {"machine", "torch", "commit", "date", "command"} <= set(measured)
+    assert measured["command"].startswith("python -m distlab.bench.dp")
+    assert workload["steps"] > WARMUP_STEPS == workload["warmup_steps"]
+    assert list(runs) == ["plain", "scratch DP", "scratch DP, 1 intra-op", "scratch DP, no threads", "DDP, 2 ranks"]
+    for name, r in runs.items():
+        assert len(r["losses"]) == len(r["step_s"]) == workload["steps"], name
+        assert max(abs(a - b) for a, b in zip(r["losses"], runs["plain"]["losses"])) < 1e-4, name
+    phases = {s.phase for s in runs["scratch DP"]["spans"]}
+    assert {"scatter", "replicate", "threads", "gather", "backward", "optimizer"} <= phases
+
+
+def test_the_comparison_recorder_refuses_bad_workloads(capsys):
+    from distlab.bench.dp import main
+    for argv in (["--steps", "2"], ["--global-batch", "7"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+    assert "--global-batch must be even" in capsys.readouterr().err

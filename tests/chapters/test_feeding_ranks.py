@@ -1,0 +1,133 @@
+"""Feeding the ranks: DistributedSampler's exact rules, two loading strategies, mp.spawn."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data.distributed import DistributedSampler
+
+from distlab.infra.paths import REPO_ROOT
+from distlab.data import TokenData, load_corpus
+from distlab.chapters.feeding_ranks import (both_strategies, epoch_order, expected_layout, expected_shards,
+                             sampler_epochs, time_strategies, try_spawn, visit_counts)
+from distlab.infra.launch import run_ranks
+
+SIZES = [(n, N) for n in range(1, 23) for N in range(1, 8)]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_the_rule_written_out_matches_the_sampler(shuffle, drop_last):
+    """Pad from the start of the order (or cut its tail), then deal rank r positions r::N."""
+    for n, N in SIZES:
+        for epoch in (0, 3):
+            got = sampler_epochs(n, N, epochs=epoch + 1, shuffle=shuffle,
+                                 drop_last=drop_last)[epoch]
+            order = epoch_order(n, epoch, shuffle)
+            assert got == expected_shards(order, N, drop_last), (n, N, epoch)
+            layout = expected_layout(n, N, drop_last)
+            assert [len(s) for s in got] == [layout.per_rank] * N
+            sampler = DistributedSampler(range(n), num_replicas=N, rank=N - 1, drop_last=drop_last)
+            assert len(sampler) == layout.per_rank
+
+
+def test_sampler_lengths_round_up_without_drop_last_and_down_with_it():
+    plain = DistributedSampler(range(10), num_replicas=4, rank=0)
+    dropping = DistributedSampler(range(10), num_replicas=4, rank=0, drop_last=True)
+    assert (len(plain), len(dropping)) == (3, 2)
+    layout = expected_layout(10, 4, drop_last=False)
+    assert (layout.per_rank, layout.total, layout.padded, layout.dropped) == (3, 12, 2, 0)
+    layout = expected_layout(10, 4, drop_last=True)
+    assert (layout.per_rank, layout.total, layout.padded, layout.dropped) == (2, 8, 0, 2)
+    assert expected_layout(3, 4, drop_last=True).per_rank == 0  # fewer samples than ranks
+
+
+@pytest.mark.parametrize("n,N", [(10, 3), (12, 4), (101, 8), (7, 7)])
+def test_with_drop_last_the_shards_are_disjoint_and_cover_all_but_the_tail(n, N):
+    shards = sampler_epochs(n, N, drop_last=True)[0]
+    seen = [i for shard in shards for i in shard]
+    assert len(seen) == len(set(seen)) == n - n % N  # disjoint; n % N samples skipped
+    assert set(seen) == set(epoch_order(n, 0)[: n - n % N])  # the skipped ones: the tail
+
+
+@pytest.mark.parametrize("n,N", [(10, 3), (10, 4), (2, 5), (101, 8)])
+def test_without_drop_last_the_order_is_padded_from_its_start(n, N):
+    shards = sampler_epochs(n, N, drop_last=False)[0]
+    counts = visit_counts(shards, n)
+    layout = expected_layout(n, N, drop_last=False)
+    assert min(counts) >= 1 and sum(counts) == layout.total  # everything, plus padding
+    order = epoch_order(n, 0)
+    repeated = (order * N)[: layout.padded]  # cycles when more than n are missing
+    extra = [i for i in range(n) for _ in range(counts[i] - 1)]
+    assert sorted(extra) == sorted(repeated)
+
+
+def test_without_set_epoch_every_epoch_has_the_same_order():
+    forgot = sampler_epochs(10, 2, epochs=5, set_epoch=False)
+    assert all(epoch == forgot[0] for epoch in forgot)
+    assert forgot[0] == sampler_epochs(10, 2, epochs=1)[0]  # always epoch 0's order
+    called = sampler_epochs(10, 2, epochs=5, set_epoch=True)
+    assert len({tuple(map(tuple, epoch)) for epoch in called}) == 5
+
+
+def test_ranks_with_different_seeds_overlap_and_miss_samples():
+    shards = [sampler_epochs(1000, 2, seed=rank)[0][rank] for rank in range(2)]
+    counts = visit_counts(shards, 1000)
+    assert counts.count(2) > 0 and counts.count(0) == counts.count(2)
+
+
+def test_strided_deal_keeps_the_global_batch_of_one_process():
+    """Per-rank batch b on N ranks = batch b*N in one process, from the same order."""
+    n, N, b = 48, 4, 3
+    shards = sampler_epochs(n, N, drop_last=True)[0]
+    single = sampler_epochs(n, 1)[0][0]
+    for step in range(n // (b * N)):
+        union = sorted(i for s in shards for i in s[step * b:(step + 1) * b])
+        assert union == sorted(single[step * b * N:(step + 1) * b * N])
+
+
+def feed_on_ranks():
+    results = both_strategies(steps=3, global_batch=8, block_size=32)
+    timings = time_strategies(global_batches=(8,), block_size=32, batches=3, warmup=1)
+    return dist.get_rank(), results, timings
+
+
+def test_both_strategies_give_every_rank_the_same_rows_as_one_process():
+    ranks = run_ranks(feed_on_ranks, nprocs=2, quiet=True, timeout=120)
+    data = TokenData(load_corpus())
+    for step in range(3):
+        x_one, y_one = data.batch("train", step, 8, 32, 1337)  # one process, all rows
+        for rank, results, _ in ranks:
+            x_own, y_own, x_sc, y_sc = results[step]
+            assert x_own.shape == (4, 32)
+            assert torch.equal(x_own, x_sc) and torch.equal(y_own, y_sc)
+            assert torch.equal(x_own, x_one[rank * 4:(rank + 1) * 4])
+            assert torch.equal(y_own, y_one[rank * 4:(rank + 1) * 4])
+    for rank, _, timings in ranks:
+        for strategy in ("own_shard", "scatter"):
+            assert len(timings[strategy][8]) == 3 and all(t > 0 for t in timings[strategy][8])
+
+
+def _run(cmd, timeout=150):
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_the_spawn_example_and_torchrun_train_alike():
+    script = str(REPO_ROOT / "src" / "examples" / "spawn_example.py")
+    spawned = _run([sys.executable, script, "--nprocs", "2", "--steps", "3", "--device", "cpu"])
+    assert spawned.returncode == 0, spawned.stderr[-2000:]
+    lines = sorted(spawned.stdout.splitlines())
+    assert [ln.split(":")[0] for ln in lines] == ["rank 0/2 (gloo, cpu)", "rank 1/2 (gloo, cpu)"]
+    launched = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                     "--nproc-per-node=2", script, "--steps", "3", "--device", "cpu"])
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    assert sorted(launched.stdout.splitlines()) == lines  # same data, same seed, same losses
+
+
+def test_spawn_needs_a_function_it_can_pickle_by_name():
+    assert try_spawn(print, nprocs=1, timeout=60) == "ok"
+    assert "pickle" in try_spawn(lambda rank: None, nprocs=1, timeout=60).lower()

@@ -1,0 +1,37 @@
+"""Lab 4 (lab 3 + FSDP2) under torchrun: losses equal lab 1's (and so DDP's); state per rank halves."""
+import pytest
+import torch
+
+from support.labs import run_lab
+from distlab.metrics import read_metrics, read_summary
+from distlab.model import GPT, preset
+from support.labs import BASELINE, torchrun
+
+
+@pytest.mark.parametrize("nprocs,micro", [(2, 4), (4, 2)])  # 2 micro-batches per step: no_gradient_sync runs
+def test_n_ranks_match_lab_1_and_ddp(nprocs, micro, tmp_path):
+    proc = torchrun("lab4_fsdp2.py", nprocs, *BASELINE["args"], "--micro-batch-size", micro, "--out", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [m["loss"] for m in read_metrics(tmp_path)]
+    assert losses == pytest.approx(BASELINE["losses"], rel=1e-5)  # lab 2 (DDP) is held to the same list
+    summary = read_summary(tmp_path)
+    assert summary["world_size"] == nprocs and summary["strategy"].startswith("fsdp2")
+
+
+def test_state_per_rank_is_at_most_052_of_ddp_and_weights_load_in_lab_1(tmp_path):
+    common = ["--steps", "2", "--no-progress", "--sample-chars", "20", "--eval-batches", "1"]
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    for script, out in [("lab2_ddp.py", ddp), ("lab4_fsdp2.py", fsdp)]:
+        proc = torchrun(script, 2, *common, "--out", out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    ratio = read_summary(fsdp)["state_bytes_per_rank"]["total"] / read_summary(ddp)["state_bytes_per_rank"]["total"]
+    assert 0.5 <= ratio <= 0.52
+    state = torch.load(fsdp / "model.pt", weights_only=True)  # plain tensors, plain keys
+    GPT(preset("tiny", vocab_size=65)).load_state_dict(state)
+    assert read_summary(fsdp)["sample"]  # rank 0 sampled from the gathered weights
+
+
+def test_lab4_without_torchrun_is_lab_1(tmp_path):
+    proc = run_lab("lab4_fsdp2.py", *BASELINE["args"], "--micro-batch-size", "16", "--out", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert [m["loss"] for m in read_metrics(tmp_path)] == pytest.approx(BASELINE["losses"], rel=1e-5)

@@ -1,0 +1,117 @@
+"""Lab 6 (Accelerate): the same file as one process, DDP and FSDP2, under torchrun and
+``accelerate launch``, equal to lab 2; FSDP it cannot give is refused, never swapped.
+
+The Accelerate chapter runs the three quiet fallbacks (no cpu=True, the FSDP plugin on
+CPU, ``accelerate launch --cpu``) and asserts that lab 6's checks catch them."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from distlab.infra.paths import REPO_ROOT
+from support.labs import run_lab
+from support.labs import torchrun
+from distlab.accel import check_fsdp_request
+from distlab.errors import UserError
+from distlab.infra.launch import free_port
+from distlab.metrics import read_metrics, read_summary
+from distlab.model import GPT, preset
+
+# lab 2's first 10 steps on 2 ranks: --steps sets the LR schedule, so 10 is its own run
+TEN_STEPS = ["--preset", "tiny", "--steps", "10", "--batch-size", "16", "--seed", "1337",
+             "--eval-every", "10", "--eval-batches", "2", "--sample-chars", "0", "--no-progress"]
+
+
+def accelerate_launch(nprocs: int, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``accelerate launch`` as the chapter shows it, on a free port of 127.0.0.1."""
+    port = free_port()
+    multi = ["--multi_gpu"] if nprocs > 1 else []  # "multi_gpu" is its name for N local processes
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "accelerate"), "launch", *multi, "--num_processes", str(nprocs),
+         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+         "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+         str(REPO_ROOT / "src" / "labs" / "lab6_accelerate.py"), *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def losses(out) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in read_metrics(out)}
+
+
+@pytest.fixture(scope="module")
+def lab2_losses(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lab2")
+    proc = torchrun("lab2_ddp.py", 2, *TEN_STEPS, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return losses(out)
+
+
+def test_ddp_under_torchrun_and_accelerate_launch_equals_lab_2_and_resumes(lab2_losses, tmp_path):
+    """torchrun, 2 ranks, 2 micro-batches each, checkpoints every 5 steps; then accelerate
+    launch resumes step 5: both give lab 2's losses within 1e-5 relative."""
+    first = tmp_path / "torchrun"
+    proc = torchrun("lab6_accelerate.py", 2, *TEN_STEPS, "--checkpoint-every", "5", "--out", first)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert losses(first) == pytest.approx(lab2_losses, rel=1e-5)
+    summary = read_summary(first)
+    assert (summary["world_size"], summary["accum_steps"]) == (2, 2)
+    assert summary["strategy"] == "accelerate-ddp+accumulation+ac-full"
+    GPT(preset("tiny")).load_state_dict(torch.load(first / "model.pt"))  # no "module." prefix
+    saved = first / "checkpoints" / "step_000005"
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl"} <= \
+        {f.name for f in saved.iterdir()}
+
+    # resumed into the same OUT: the first run's metrics are kept aside, not overwritten
+    proc = accelerate_launch(2, *TEN_STEPS, "--resume", saved, "--out", first)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout and "2 process(es) of 2 launched" in proc.stdout
+    assert len((first / "metrics.before_step_000005.jsonl").read_text().splitlines()) == 10
+    resumed = losses(first)
+    assert sorted(resumed) == list(range(5, 10))
+    assert resumed == pytest.approx({s: lab2_losses[s] for s in resumed}, rel=1e-5)
+
+
+def test_fsdp_on_cpu_shards_by_hand_and_equals_lab_2(lab2_losses, tmp_path):
+    proc = torchrun("lab6_accelerate.py", 2, *TEN_STEPS, "--fsdp", "--sample-chars", "20", "--out", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "training with fsdp2" in proc.stdout
+    assert losses(tmp_path) == pytest.approx(lab2_losses, rel=1e-5)
+    summary = read_summary(tmp_path)
+    assert summary["strategy"].startswith("accelerate-fsdp2+")
+    # half the parameters per rank (each matrix is split in two along dim 0, odd rows aside)
+    state = summary["state_bytes_per_rank"]
+    assert state["params"] <= 0.52 * 4 * summary["parameters"]
+    assert state["optimizer"] >= 2 * state["params"]  # AdamW's two moments, read through Accelerate's wrapper
+    GPT(preset("tiny")).load_state_dict(torch.load(tmp_path / "model.pt"))  # plain keys, whole tensors
+
+
+def test_one_process_under_python_and_accelerate_launch_is_lab_2(lab2_losses, tmp_path):
+    """One process with the whole batch (4 micro-batches of 4) trains like lab 2's 2 ranks."""
+    for name, run in [("python", lambda out: run_lab("lab6_accelerate.py", *TEN_STEPS, "--out", out)),
+                      ("accelerate", lambda out: accelerate_launch(1, *TEN_STEPS, "--out", out))]:
+        proc = run(tmp_path / name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert losses(tmp_path / name) == pytest.approx(lab2_losses, rel=1e-5), name
+        summary = read_summary(tmp_path / name)
+        assert (summary["strategy"], summary["accum_steps"]) == ("accelerate-single+accumulation+ac-full", 4)
+
+
+def test_fsdp_on_one_process_is_refused_with_one_line(tmp_path):
+    proc = run_lab("lab6_accelerate.py", "--fsdp", "--steps", "1", "--out", tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "lab6_accelerate.py: error: --fsdp shards over ranks and one process has none: "
+        "launch 2 or more, or drop --fsdp")
+
+
+@pytest.mark.parametrize("option", [{"checkpoint_every": 5}, {"resume": "latest"}])
+def test_fsdp_checkpoints_on_cpu_are_refused(option):
+    """Accelerate's save_state would save no model and rank 0's half of the optimizer."""
+    cfg = SimpleNamespace(**{"fsdp": True, "checkpoint_every": 0, "resume": "", **option})
+    with pytest.raises(UserError, match="save_state cannot save a model sharded outside Accelerate"):
+        check_fsdp_request(cfg, 2, torch.device("cpu"))
+    check_fsdp_request(SimpleNamespace(fsdp=False, checkpoint_every=5, resume=""), 2, torch.device("cpu"))

@@ -1,0 +1,101 @@
+"""The notebook launcher: results come back, failures raise, nothing hangs."""
+import os
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distlab.infra.launch import LaunchTimeout, RankFailed, run_ranks, run_script
+
+
+def rank_sum():
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), t.item()
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_every_rank_returns_its_result(nprocs):
+    results = run_ranks(rank_sum, nprocs=nprocs, quiet=True)
+    total = nprocs * (nprocs + 1) / 2
+    assert results == [(r, nprocs, total) for r in range(nprocs)]
+
+
+def test_functions_defined_in_the_caller_travel_by_value():
+    offset = 41  # captured from this scope, as a notebook cell would
+
+    def add_offset():
+        return dist.get_rank() + offset
+
+    assert run_ranks(add_offset, nprocs=2, quiet=True) == [41, 42]
+
+
+def test_a_failing_rank_raises_with_its_rank_and_error():
+    def fail_on_rank_1():
+        if dist.get_rank() == 1:
+            raise ValueError("rank one is broken on purpose")
+        return "fine"
+
+    with pytest.raises(RankFailed) as info:
+        run_ranks(fail_on_rank_1, nprocs=2, quiet=True)
+    assert info.value.rank == 1
+    assert "ValueError: rank one is broken on purpose" in str(info.value)
+
+
+def test_a_hung_rank_is_killed_at_the_timeout(tmp_path):
+    def hang_on_rank_0():
+        (tmp_path / f"pid{dist.get_rank()}").write_text(str(os.getpid()))
+        if dist.get_rank() == 0:
+            time.sleep(600)
+        return "done"
+
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout, match="did not finish within 15 s"):
+        run_ranks(hang_on_rank_0, nprocs=2, timeout=15, quiet=True)
+    assert time.monotonic() - start < 40
+    for pid_file in tmp_path.glob("pid*"):
+        with pytest.raises(ProcessLookupError):  # no rank outlives its launch
+            os.kill(int(pid_file.read_text()), 0)
+
+
+def test_a_skipped_collective_fails_at_the_process_group_timeout():
+    def rank_1_skips_the_all_reduce():
+        if dist.get_rank() == 0:
+            dist.all_reduce(torch.ones(1))
+        else:
+            time.sleep(30)  # never joins; rank 0 must give up after pg_timeout, not hang
+        return "done"
+
+    start = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        run_ranks(rank_1_skips_the_all_reduce, nprocs=2, pg_timeout=5, timeout=60, quiet=True)
+    assert info.value.rank == 0
+    assert time.monotonic() - start < 40
+
+
+def test_two_launches_at_once_do_not_collide():
+    results = {}
+
+    def launch(key):
+        results[key] = run_ranks(rank_sum, nprocs=2, quiet=True)
+
+    threads = [threading.Thread(target=launch, args=(k,)) for k in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == {k: [(0, 2, 3.0), (1, 2, 3.0)] for k in "ab"}
+
+
+def test_a_failing_script_raises_with_its_one_line_error():
+    with pytest.raises(RankFailed, match="unknown preset 'huge'"):
+        run_script("src/labs/lab1_single.py", ["--preset", "huge"], nprocs=1, quiet=True)
+
+
+def test_bad_arguments_are_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="nprocs"):
+        run_ranks(rank_sum, nprocs=0)
+    with pytest.raises(FileNotFoundError):
+        run_script("src/labs/no_such_lab.py")
