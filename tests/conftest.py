@@ -1,5 +1,6 @@
 """Shared test set-up: the data file, an isolated cache, the xdist schedule and the book build.
 Helpers that tests import live in support/."""
+
 from __future__ import annotations
 
 import json
@@ -78,9 +79,15 @@ def built_book(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
             jupyter_book = Path(sys.executable).parent / "jupyter-book"
             proc = subprocess.run(
                 [str(jupyter_book), "build", "book", "-W", "-n", "--keep-going", "--path-output", str(out)],
-                cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800,
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=1800,
             )
-            record.write_text(json.dumps({"args": proc.args, "returncode": proc.returncode,
-                                          "stdout": proc.stdout, "stderr": proc.stderr}))
+            record.write_text(
+                json.dumps(
+                    {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+                )
+            )
     done = json.loads(record.read_text())
     return subprocess.CompletedProcess(**done), out / "_build"

@@ -10,6 +10,7 @@ what it was asked (see ../shared/PLATFORM.md and the Accelerate chapter):
 So the device choice still comes from ``distlab.runtime`` (the one place that knows about
 CPU vs GPU), and ``check_processes`` / ``check_strategy`` turn each fallback into an error.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ from distlab.errors import UserError
 from distlab.runtime import backend_for
 
 
-def make_accelerator(device: torch.device, dtype: str, accum_steps: int, sync_each_batch: bool,
-                     timeout_s: float, fsdp: bool):
+def make_accelerator(
+    device: torch.device, dtype: str, accum_steps: int, sync_each_batch: bool, timeout_s: float, fsdp: bool
+):
     """An Accelerator on ``device`` (from ``runtime.pick_device``) with bf16 autocast or none,
     ``accum_steps`` micro-batches per optimizer step, and a process-group timeout.
 
@@ -35,20 +37,24 @@ def make_accelerator(device: torch.device, dtype: str, accum_steps: int, sync_ea
     there is no plugin to ask (it would fall back to DDP); the caller shards the model itself.
     """
     from accelerate import Accelerator
-    from accelerate.utils import (FullyShardedDataParallelPlugin, GradientAccumulationPlugin,
-                                  InitProcessGroupKwargs)
+    from accelerate.utils import FullyShardedDataParallelPlugin, GradientAccumulationPlugin, InitProcessGroupKwargs
 
     plugin = None
     if fsdp and device.type == "cuda":
         plugin = FullyShardedDataParallelPlugin(
-            fsdp_version=2, reshard_after_forward=True, auto_wrap_policy="transformer_based_wrap",
-            transformer_cls_names_to_wrap=["Block"], state_dict_type="SHARDED_STATE_DICT")
+            fsdp_version=2,
+            reshard_after_forward=True,
+            auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=["Block"],
+            state_dict_type="SHARDED_STATE_DICT",
+        )
     return Accelerator(
         cpu=device.type == "cpu",  # without it, CPU processes never form a group (no error either)
         mixed_precision="no" if dtype == "fp32" else dtype,
         # sync_with_dataloader: our batches come from TokenData, not a DataLoader; count micro-batches
         gradient_accumulation_plugin=GradientAccumulationPlugin(
-            num_steps=accum_steps, sync_each_batch=sync_each_batch, sync_with_dataloader=False),
+            num_steps=accum_steps, sync_each_batch=sync_each_batch, sync_with_dataloader=False
+        ),
         # Accelerate picks the backend (gloo with cpu=True, NCCL on GPUs); check_processes checks it
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s))],
         fsdp_plugin=plugin,
@@ -61,8 +67,10 @@ def check_fsdp_request(cfg, world_size: int, device: torch.device) -> None:
         raise UserError("--fsdp shards over ranks and one process has none: launch 2 or more, or drop --fsdp")
     if cfg.fsdp and (cfg.checkpoint_every or cfg.resume) and device.type != "cuda":
         # save_state writes no model it did not prepare, and the optimizer from rank 0 alone: half of it
-        raise UserError("save_state cannot save a model sharded outside Accelerate (--fsdp on CPU): "
-                        "use lab 5's sharded checkpoints, or drop --checkpoint-every/--resume")
+        raise UserError(
+            "save_state cannot save a model sharded outside Accelerate (--fsdp on CPU): "
+            "use lab 5's sharded checkpoints, or drop --checkpoint-every/--resume"
+        )
 
 
 def launched_processes() -> int:
@@ -77,7 +85,8 @@ def check_processes(accelerator) -> None:
         raise UserError(
             f"the launcher started {launched} processes but Accelerate sees {accelerator.num_processes} "
             f"({accelerator.distributed_type}, {accelerator.device}): each process would train its own "
-            "model. On CPU ranks the Accelerator needs cpu=True (this lab passes it for --device cpu)")
+            "model. On CPU ranks the Accelerator needs cpu=True (this lab passes it for --device cpu)"
+        )
     want = backend_for(accelerator.device)
     if launched > 1 and accelerator.state.backend != want:
         raise UserError(f"Accelerate chose the {accelerator.state.backend} backend; {accelerator.device} needs {want}")
@@ -102,8 +111,10 @@ def check_strategy(model: nn.Module, accelerator, fsdp: bool) -> str:
     want = "fsdp2" if fsdp else ("ddp" if distributed else "single")
     got = strategy_of(model)
     if got != want:
-        raise UserError(f"asked for {want} but the prepared model is {got} "
-                        f"(Accelerate: {accelerator.distributed_type} on {accelerator.device})")
+        raise UserError(
+            f"asked for {want} but the prepared model is {got} "
+            f"(Accelerate: {accelerator.distributed_type} on {accelerator.device})"
+        )
     return got
 
 
@@ -157,8 +168,11 @@ class AcceleratorCheckpoints:
             shutil.rmtree(final, ignore_errors=True)  # a rerun into the same OUT replaces it
             partial.rename(final)
             removed = prune(self.dir, self.cfg.keep_checkpoints, holds=(PROGRESS_FILE,))
-            print(f"checkpoint: {final} ({len(list(final.iterdir()))} files)"
-                  + (f"; removed {', '.join(p.name for p in removed)}" if removed else ""), flush=True)
+            print(
+                f"checkpoint: {final} ({len(list(final.iterdir()))} files)"
+                + (f"; removed {', '.join(p.name for p in removed)}" if removed else ""),
+                flush=True,
+            )
         acc.wait_for_everyone()
         return final
 

@@ -28,6 +28,7 @@ Only resume from checkpoints you trust: DCP's ``.metadata`` (and the optimizer's
 parameters inside the shards) are Python pickles. Plain files are loaded with
 ``weights_only=True``, which refuses anything but tensors and plain containers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,11 @@ def _one_line(err: BaseException) -> str:
 
 def _mismatches(there: dict, here: dict, where: tuple[str, str]) -> str:
     """'' if both map the same names to the same shapes, else the first differences, in words."""
-    problems = [f"{k} is {list(there[k])} {where[0]}, {list(here[k])} {where[1]}"
-                for k in here if k in there and tuple(there[k]) != tuple(here[k])]
+    problems = [
+        f"{k} is {list(there[k])} {where[0]}, {list(here[k])} {where[1]}"
+        for k in here
+        if k in there and tuple(there[k]) != tuple(here[k])
+    ]
     problems += [f"{k} is missing {where[0]}" for k in here if k not in there]
     problems += [f"{k} is not {where[1]}" for k in there if k not in here]
     more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
@@ -95,8 +99,7 @@ class TrainingState:
     loads on 1 or on 4. The RNG keys name the rank, so each rank saves and reads its own.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int,
-                 with_rng: bool = True):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int, with_rng: bool = True):
         self.model, self.optimizer, self.rank, self.with_rng = model, optimizer, rank, with_rng
         self.device = next(model.parameters()).device
 
@@ -112,8 +115,7 @@ class TrainingState:
     def load_state_dict(self, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if self.with_rng:
             rng = state["rng"][f"rank{self.rank}"]
             torch.set_rng_state(rng["cpu"])
@@ -139,8 +141,7 @@ def inspect_checkpoint(path: str | Path):
     try:
         metadata = dcp.FileSystemReader(path).read_metadata()
     except Exception as err:  # a truncated pickle raises EOFError, UnpicklingError, ...
-        raise UserError(f"{path / METADATA} is unreadable ({_one_line(err)}): "
-                        "the checkpoint is damaged") from None
+        raise UserError(f"{path / METADATA} is unreadable ({_one_line(err)}): the checkpoint is damaged") from None
     needed: dict[str, int] = {}  # file -> bytes the index points into
     for info in metadata.storage_data.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
@@ -149,16 +150,20 @@ def inspect_checkpoint(path: str | Path):
         if not file.is_file():
             raise UserError(f"{file} is missing: the checkpoint is incomplete")
         if file.stat().st_size < size:
-            raise UserError(f"{file} is truncated: {file.stat().st_size:,} bytes, "
-                            f"its index ({METADATA}) needs {size:,}")
+            raise UserError(
+                f"{file} is truncated: {file.stat().st_size:,} bytes, its index ({METADATA}) needs {size:,}"
+            )
     return train_state, metadata
 
 
 def finished(checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE_FILE)) -> list[Path]:
     """The finished checkpoints in ``checkpoint_dir``, oldest first: ``step_N`` folders holding
     the files ``holds`` names (``.partial`` folders never match)."""
-    done = [p for p in Path(checkpoint_dir).glob("step_*")
-            if p.name[5:].isdigit() and all((p / name).is_file() for name in holds)]
+    done = [
+        p
+        for p in Path(checkpoint_dir).glob("step_*")
+        if p.name[5:].isdigit() and all((p / name).is_file() for name in holds)
+    ]
     return sorted(done, key=lambda p: int(p.name[5:]))
 
 
@@ -167,8 +172,9 @@ def latest(checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE
     return (finished(checkpoint_dir, holds) or [None])[-1]
 
 
-def resume_point(resume: str, checkpoint_dir: str | Path,
-                 holds: tuple[str, ...] = (METADATA, STATE_FILE)) -> Path | None:
+def resume_point(
+    resume: str, checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE_FILE)
+) -> Path | None:
     """The checkpoint ``--resume`` names: a folder, ``latest`` (there must be one) or ``auto``
     (the latest if there is one, else None: start at step 0). None for an empty ``resume``."""
     if not resume:
@@ -176,8 +182,10 @@ def resume_point(resume: str, checkpoint_dir: str | Path,
     if resume in ("latest", "auto"):
         found = latest(checkpoint_dir, holds)
         if found is None and resume == "latest":
-            raise UserError(f"--resume latest: no finished checkpoint in {checkpoint_dir} "
-                            "(--resume auto starts from step 0 when there is none)")
+            raise UserError(
+                f"--resume latest: no finished checkpoint in {checkpoint_dir} "
+                "(--resume auto starts from step 0 when there is none)"
+            )
         return found
     return Path(resume)
 
@@ -236,9 +244,12 @@ class Checkpoints:
             size = sum(f.stat().st_size for f in final.iterdir())
             # only now, with a newer one complete, may the oldest go
             removed = prune(self.dir, self.cfg.keep_checkpoints)
-            print(f"checkpoint: {final} ({size / 1e6:.2f} MB, one file per rank, {self.world_size} ranks) "
-                  f"in {time.perf_counter() - start:.2f} s"
-                  + (f"; removed {', '.join(p.name for p in removed)}" if removed else ""), flush=True)
+            print(
+                f"checkpoint: {final} ({size / 1e6:.2f} MB, one file per rank, {self.world_size} ranks) "
+                f"in {time.perf_counter() - start:.2f} s"
+                + (f"; removed {', '.join(p.name for p in removed)}" if removed else ""),
+                flush=True,
+            )
         dist.barrier()  # nobody goes on before the checkpoint has its final name
         return final
 
@@ -248,24 +259,30 @@ class Checkpoints:
             "step": steps_done,  # optimizer steps done, so the step that runs next
             "world_size": self.world_size,
             # lr_at(step) is a pure function of these, so restoring `step` restores the schedule
-            "lr_schedule": {"lr": cfg.lr, "min_lr": cfg.min_lr, "warmup_steps": cfg.warmup_steps,
-                            "steps": cfg.steps, "last_lr": self.optimizer.param_groups[0]["lr"]},
+            "lr_schedule": {
+                "lr": cfg.lr,
+                "min_lr": cfg.min_lr,
+                "warmup_steps": cfg.warmup_steps,
+                "steps": cfg.steps,
+                "last_lr": self.optimizer.param_groups[0]["lr"],
+            },
             # the batch of step s is data.batch("train", s, global_batch, ..., seed): no loader state
-            "data": {"split": "train", "next_step": steps_done, "global_batch": cfg.batch_size,
-                     "seed": cfg.seed},
+            "data": {"split": "train", "next_step": steps_done, "global_batch": cfg.batch_size, "seed": cfg.seed},
             "rng": "per rank, in the shards: app.rng.rank<r>.cpu (and .cuda on GPUs)",
             "config": asdict(cfg),
             "torch": torch.__version__,
         }
+
     # --- end save ---
 
     # --- begin resume ---
     def resume(self) -> int:
         """Load ``cfg.resume`` (a step folder, "latest" or "auto") and return the step to run next.
 
-        Without --resume (or with "auto" and no checkpoint yet), 0. Every rank calls it. Rank 0 checks all it can before a tensor
-        is loaded (files and their sizes, config, shapes) and passes the verdict on, so a bad
-        checkpoint stops every rank with the same one-line error and nothing loaded.
+        Without --resume (or with "auto" and no checkpoint yet), 0. Every rank calls it. Rank 0
+        checks all it can before a tensor is loaded (files and their sizes, config, shapes) and
+        passes the verdict on, so a bad checkpoint stops every rank with the same one-line error
+        and nothing loaded.
         """
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
@@ -288,19 +305,19 @@ class Checkpoints:
         # a rank's RNG comes back only to the same rank of the same world size; else it is reseeded
         with_rng = saved_world_size == self.world_size and set(rng_states(self.device)) <= set(saved_rng)
         try:
-            dcp.load({"app": TrainingState(self.model, self.optimizer, self.rank, with_rng)},
-                     checkpoint_id=path)
+            dcp.load({"app": TrainingState(self.model, self.optimizer, self.rank, with_rng)}, checkpoint_id=path)
         except (Exception, CheckpointException) as err:  # the latter holds every rank's failure
             # the files had the right sizes, so some bytes are damaged; the run ends here, so
             # whatever did load never trains
-            raise UserError(f"loading checkpoint {path} failed ({_one_line(err)}): "
-                            "a shard file is damaged") from None
+            raise UserError(f"loading checkpoint {path} failed ({_one_line(err)}): a shard file is damaged") from None
         if not with_rng:
             torch.manual_seed(self.cfg.seed + 1000 * step + self.rank)
         if self.rank == 0:
-            print(f"resumed from {path} at step {step} (saved by {saved_world_size} ranks, now "
-                  f"{self.world_size})" + ("" if with_rng else "; RNG reseeded: seed + 1000*step + rank")
-                  + restarted, flush=True)
+            print(
+                f"resumed from {path} at step {step} (saved by {saved_world_size} ranks, now "
+                f"{self.world_size})" + ("" if with_rng else "; RNG reseeded: seed + 1000*step + rank") + restarted,
+                flush=True,
+            )
             keep_earlier_metrics(self.cfg.out, step)
         return step
 
@@ -312,16 +329,23 @@ class Checkpoints:
                 return None, None, 0, 0, []
             train_state, metadata = inspect_checkpoint(path)
             saved = train_state.get("config", {})
-            differ = [f"--{k.replace('_', '-')} is {saved.get(k)!r} there, {getattr(self.cfg, k)!r} here"
-                      for k in MUST_MATCH if saved.get(k) != getattr(self.cfg, k)]
+            differ = [
+                f"--{k.replace('_', '-')} is {saved.get(k)!r} there, {getattr(self.cfg, k)!r} here"
+                for k in MUST_MATCH
+                if saved.get(k) != getattr(self.cfg, k)
+            ]
             if differ:
-                raise UserError(f"checkpoint {path} was saved by a different run: {'; '.join(differ)} "
-                                "(resume with the same values)")
+                raise UserError(
+                    f"checkpoint {path} was saved by a different run: {'; '.join(differ)} (resume with the same values)"
+                )
             # DTensor.shape is the global shape, the one DCP's index records; DCP's keys
             # never carry DDP's "module." prefix (get_state_dict drops it)
             here = {k.removeprefix("module."): v.shape for k, v in self.model.state_dict().items()}
-            there = {k[len(MODEL_PREFIX):]: m.size for k, m in metadata.state_dict_metadata.items()
-                     if k.startswith(MODEL_PREFIX)}
+            there = {
+                k[len(MODEL_PREFIX) :]: m.size
+                for k, m in metadata.state_dict_metadata.items()
+                if k.startswith(MODEL_PREFIX)
+            }
             if problems := _mismatches(there, here, ("there", "here")):
                 raise UserError(f"checkpoint {path} does not fit this model: {problems}")
             rng = [k.rsplit(".", 1)[1] for k in metadata.state_dict_metadata if k.startswith("app.rng.rank0.")]
@@ -330,6 +354,7 @@ class Checkpoints:
             return str(err), None, 0, 0, []
         except Exception as err:  # rank 0 must reach the broadcast, or the others wait for it
             return f"checkpoint {self.cfg.resume} is unreadable ({_one_line(err)})", None, 0, 0, []
+
     # --- end resume ---
 
 
@@ -338,8 +363,10 @@ def load_plain_weights(model: torch.nn.Module, path: str | Path) -> None:
     an unwrapped model. Tensors only: ``weights_only=True`` runs no code from the file."""
     path = Path(path)
     if path.is_dir():
-        raise UserError(f"--init-from {path} is a folder; a sharded checkpoint becomes a file with "
-                        f"`python -m distlab.checkpoint to-plain {path} model.pt`")
+        raise UserError(
+            f"--init-from {path} is a folder; a sharded checkpoint becomes a file with "
+            f"`python -m distlab.checkpoint to-plain {path} model.pt`"
+        )
     if not path.is_file():
         raise UserError(f"--init-from {path}: no such file")
     try:
@@ -363,12 +390,15 @@ def to_plain(checkpoint: str | Path, out: str | Path) -> dict[str, torch.Tensor]
 
     train_state, metadata = inspect_checkpoint(checkpoint)
     # full-size empty tensors: DCP fills each from whichever shard files hold its pieces
-    weights = {k: torch.empty(m.size, dtype=m.properties.dtype)
-               for k, m in metadata.state_dict_metadata.items() if k.startswith(MODEL_PREFIX)}
+    weights = {
+        k: torch.empty(m.size, dtype=m.properties.dtype)
+        for k, m in metadata.state_dict_metadata.items()
+        if k.startswith(MODEL_PREFIX)
+    }
     with warnings.catch_warnings():  # DCP warns that it runs without a process group: we mean it
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
         dcp.load(weights, checkpoint_id=checkpoint, no_dist=True)
-    weights = {k[len(MODEL_PREFIX):]: v for k, v in weights.items()}
+    weights = {k[len(MODEL_PREFIX) :]: v for k, v in weights.items()}
     plain = GPT(preset(train_state["config"]["preset"], vocab_size=weights["wte.weight"].shape[0]))
     plain.load_state_dict(weights)  # strict: every key, every shape
     torch.save(plain.state_dict(), out)
@@ -376,16 +406,19 @@ def to_plain(checkpoint: str | Path, out: str | Path) -> dict[str, torch.Tensor]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m distlab.checkpoint", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m distlab.checkpoint", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     convert = commands.add_parser("to-plain", help="write the model as one plain state dict file")
     convert.add_argument("checkpoint", help="a step_NNNNNN folder")
     convert.add_argument("out", help="the .pt file to write")
     args = parser.parse_args(argv)
     weights = to_plain(args.checkpoint, args.out)
-    print(f"wrote {args.out}: {len(weights)} tensors, "
-          f"{sum(t.numel() for t in weights.values()):,} values (the tied head counted twice)")
+    print(
+        f"wrote {args.out}: {len(weights)} tensors, "
+        f"{sum(t.numel() for t in weights.values()):,} values (the tied head counted twice)"
+    )
 
 
 if __name__ == "__main__":

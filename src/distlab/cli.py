@@ -4,6 +4,7 @@ Each lab keeps its whole configuration in one dataclass with a comment on every 
 ``parse_config`` turns the fields into ``--flags`` (the comment becomes the help text) and
 ``run`` gives any ``UserError`` back as a single line and a non-zero exit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,8 @@ import dataclasses
 import inspect
 import re
 import sys
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from distlab.errors import UserError
 
@@ -41,19 +43,20 @@ def _field_comments(cls) -> dict[str, str]:
 
 def parse_config(cls: type[C], argv: list[str] | None = None, description: str = "") -> C:
     """Build ``cls`` from the command line; each field is a ``--flag`` with its default."""
-    parser = _OneLineParser(description=description,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _OneLineParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     comments = _field_comments(cls)
     for field in dataclasses.fields(cls):
         flag = "--" + field.name.replace("_", "-")
         help_text = f"{comments.get(field.name, '')} (default: {field.default!r})"
         if field.type in (bool, "bool"):
-            parser.add_argument(flag, dest=field.name, default=field.default, help=help_text,
-                                action=argparse.BooleanOptionalAction)
+            parser.add_argument(
+                flag, dest=field.name, default=field.default, help=help_text, action=argparse.BooleanOptionalAction
+            )
         else:
             kind = {"int": int, "float": float, "str": str}.get(field.type, field.type)
-            parser.add_argument(flag, dest=field.name, default=field.default, type=kind,
-                                help=help_text, metavar=field.name.upper())
+            parser.add_argument(
+                flag, dest=field.name, default=field.default, type=kind, help=help_text, metavar=field.name.upper()
+            )
     return cls(**vars(parser.parse_args(argv)))  # the dataclass validates in __post_init__
 
 

@@ -10,6 +10,7 @@ Where the text comes from, first match wins:
 Tiny Shakespeare from any of 1-3 must match ``SHA256``: a wrong file is an error, never a
 silent fallback.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,6 +18,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,8 +57,7 @@ def _read_verified(path: Path) -> str:
     digest = hashlib.sha256(raw).hexdigest()
     if digest != SHA256:
         raise DataError(
-            f"data file {path} is corrupt or not Tiny Shakespeare: sha256 {digest[:12]}..., "
-            f"expected {SHA256[:12]}..."
+            f"data file {path} is corrupt or not Tiny Shakespeare: sha256 {digest[:12]}..., expected {SHA256[:12]}..."
         )
     return raw.decode("utf-8")
 
@@ -142,8 +143,9 @@ class TokenData:
         n_val = int(len(ids) * val_fraction)
         self.splits = {"train": ids[:-n_val], "val": ids[-n_val:]}
 
-    def global_windows(self, split: str, step: int, global_batch: int, block_size: int,
-                       seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def global_windows(
+        self, split: str, step: int, global_batch: int, block_size: int, seed: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole batch of ``step``: inputs and next-token targets, each (B, T)."""
         ids = self.splits[split]
         if len(ids) <= block_size:
@@ -156,12 +158,27 @@ class TokenData:
         y = ids[starts[:, None] + offsets + 1]  # (B, T), shifted by one
         return x, y
 
-    def batch(self, split: str, step: int, global_batch: int, block_size: int, seed: int,
-              rank: int = 0, world_size: int = 1, device: torch.device | str = "cpu"
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self,
+        split: str,
+        step: int,
+        global_batch: int,
+        block_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        device: torch.device | str = "cpu",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's rows of the global batch of ``step``, each (B/N, T), on ``device``."""
         if global_batch % world_size:
             raise DataError(f"global batch {global_batch} does not split over {world_size} ranks")
         x, y = self.global_windows(split, step, global_batch, block_size, seed)
         rows = slice(rank * global_batch // world_size, (rank + 1) * global_batch // world_size)
         return x[rows].to(device, non_blocking=True), y[rows].to(device, non_blocking=True)
+
+
+@functools.cache
+def token_data(path: str | None = None) -> TokenData:
+    """The corpus at ``path`` (default: the labs' own), read, verified and encoded once per
+    process: the one data object every chapter experiment and benchmark shares."""
+    return TokenData(load_corpus(path))

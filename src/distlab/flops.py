@@ -5,6 +5,7 @@ device. Both halves are ours: the numerator from the formula below, the denomina
 from a large matmul timed on the very device and dtype the run uses (never a datasheet
 number, which CPUs in particular do not reach).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,6 @@ import torch
 
 from distlab.data import cache_dir
 from distlab.model import GPTConfig
-
 
 FLOPS_FORMULA = "6 * (12*L*C^2 + V*C) + 12*L*C*T per token (6N for matmul weights, plus attention)"
 

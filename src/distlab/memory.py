@@ -6,6 +6,7 @@ Two kinds of memory in training:
   live from a layer's forward to its backward.
 Both are counted here from the real tensors, and both have a formula to check against.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,7 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str,
         "params": sum(_bytes(p) for p in params),
         "grads": sum(_bytes(p.grad) for p in params if p.grad is not None),
         "optimizer": sum(
-            _bytes(v) for state in optimizer.state.values() for v in state.values()
-            if isinstance(v, torch.Tensor)
+            _bytes(v) for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
         ),
     }
     out["total"] = sum(out.values())
@@ -43,14 +43,16 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str,
 def adamw_state_bytes_formula(n_params: int, n_tensors: int, bytes_per_el: int = 4) -> dict[str, int]:
     """fp32 AdamW: weights 4N, gradients 4N, two moments 8N (16 bytes per parameter),
     plus AdamW's 4-byte ``step`` counter per parameter tensor."""
-    out = {"params": bytes_per_el * n_params, "grads": bytes_per_el * n_params,
-           "optimizer": 2 * 4 * n_params + 4 * n_tensors}
+    out = {
+        "params": bytes_per_el * n_params,
+        "grads": bytes_per_el * n_params,
+        "optimizer": 2 * 4 * n_params + 4 * n_tensors,
+    }
     out["total"] = sum(out.values())
     return out
 
 
-def saved_activation_bytes(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor,
-                           autocast=None) -> int:
+def saved_activation_bytes(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, autocast=None) -> int:
     """Bytes autograd keeps from one forward pass for the backward pass.
 
     Every tensor saved for backward passes through the pack hook; we count each
@@ -93,18 +95,34 @@ def activation_bytes_formula(cfg: GPTConfig, batch: int, seq_len: int) -> dict[s
     per_block = fp32 * (16 * B * T * C + 2 * 2 * B * T + B * H * T)
     head = fp32 * (2 * B * T * C + 2 * B * T + B * T * V)
     ids = 8 * (B * T + T + B * T) + fp32
-    return {"blocks": L * per_block, "per_block": per_block, "outside_blocks": head + ids,
-            "total": L * per_block + head + ids}
+    return {
+        "blocks": L * per_block,
+        "per_block": per_block,
+        "outside_blocks": head + ids,
+        "total": L * per_block + head + ids,
+    }
 
 
 # the tracker's categories, by the names the labs' summaries use
-_KINDS = {"PARAM": "params", "BUFFER": "buffers", "GRAD": "grads", "ACT": "activations",
-          "TEMP": "temporaries", "OPT": "optimizer", "OTH": "other", "Total": "total",
-          # FSDPMemTracker's own: a rank's shards, the whole tensors it gathers for a while, and
-          # the buffers of the collectives themselves
-          "SHARDED_PARAM": "sharded_params", "UNSHARDED_PARAM": "unsharded_params",
-          "SHARDED_GRAD": "sharded_grads", "UNSHARDED_GRAD": "unsharded_grads",
-          "ALL_GATHER": "all_gather", "REDUCE_SCATTER": "reduce_scatter", "INP": "inputs"}
+_KINDS = {
+    "PARAM": "params",
+    "BUFFER": "buffers",
+    "GRAD": "grads",
+    "ACT": "activations",
+    "TEMP": "temporaries",
+    "OPT": "optimizer",
+    "OTH": "other",
+    "Total": "total",
+    # FSDPMemTracker's own: a rank's shards, the whole tensors it gathers for a while, and
+    # the buffers of the collectives themselves
+    "SHARDED_PARAM": "sharded_params",
+    "UNSHARDED_PARAM": "unsharded_params",
+    "SHARDED_GRAD": "sharded_grads",
+    "UNSHARDED_GRAD": "unsharded_grads",
+    "ALL_GATHER": "all_gather",
+    "REDUCE_SCATTER": "reduce_scatter",
+    "INP": "inputs",
+}
 
 
 class StepMemory:

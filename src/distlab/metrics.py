@@ -1,4 +1,5 @@
 """What a run writes: ``metrics.jsonl`` (a line per logged step) and ``summary.json``."""
+
 from __future__ import annotations
 
 import json
@@ -36,4 +37,3 @@ def read_metrics(out_dir: str | Path) -> list[dict]:
 
 def read_summary(out_dir: str | Path) -> dict:
     return json.loads((Path(out_dir) / "summary.json").read_text())
-

@@ -8,6 +8,7 @@ Architecture: token + learned position embeddings, ``n_layer`` pre-LayerNorm blo
 (causal self-attention through ``scaled_dot_product_attention``, then a GELU MLP), a
 final LayerNorm and a language-model head tied to the token embedding.
 """
+
 from __future__ import annotations
 
 import math
@@ -153,12 +154,15 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(
-        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after the prompt ``idx`` (B, T)."""
         for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.block_size:])
+            logits, _ = self(idx[:, -self.config.block_size :])
             probs = F.softmax(logits[:, -1, :].float() / temperature, dim=-1)
             idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
         return idx

@@ -4,16 +4,16 @@ Order matters when several are combined (torchtitan's rule, which later chapters
 activation checkpointing first, then ``torch.compile``, then the data-parallel wrapper
 (FSDP2's ``fully_shard``); DDP wraps the finished module last of all.
 """
+
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-
 
 # --- begin activation checkpointing ---
 AC_MODES = ("none", "full", "selective")
@@ -28,9 +28,14 @@ def _ops(*names: str) -> tuple:
 # Named as OpOverloads (``aten.addmm.default``): the policy sees those, never ``aten.addmm``.
 # A Linear with a bias on a (B, T, C) input runs ``addmm``; without a bias, ``mm``.
 SAVE_MATMULS_AND_ATTENTION = _ops(
-    "mm", "addmm", "bmm", "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention")
+    "mm",
+    "addmm",
+    "bmm",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+)
 
 
 def save_ops_policy(save_ops=SAVE_MATMULS_AND_ATTENTION) -> Callable:
@@ -45,11 +50,13 @@ def save_ops_policy(save_ops=SAVE_MATMULS_AND_ATTENTION) -> Callable:
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
     return policy
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str = "full", every: int = 1,
-                                   policy: Callable | None = None) -> nn.Module:
+def apply_activation_checkpointing(
+    model: nn.Module, mode: str = "full", every: int = 1, policy: Callable | None = None
+) -> nn.Module:
     """Checkpoint every ``every``-th transformer block of ``model``, in place.
 
     ``full``: a checkpointed block keeps only its input from the forward pass and runs its
@@ -78,6 +85,8 @@ def apply_activation_checkpointing(model: nn.Module, mode: str = "full", every: 
         if i % every == 0:
             model.blocks[i] = checkpoint_wrapper(block, **kwargs)
     return model
+
+
 # --- end activation checkpointing ---
 
 
@@ -92,8 +101,9 @@ def apply_ddp(model: nn.Module, device: torch.device, **ddp_kwargs) -> DDP:
     return DDP(model, device_ids=device_ids, **ddp_kwargs)
 
 
-def apply_fsdp(model: nn.Module, mesh=None, reshard_after_forward: bool = True,
-               param_dtype: torch.dtype | None = None) -> nn.Module:
+def apply_fsdp(
+    model: nn.Module, mesh=None, reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None
+) -> nn.Module:
     """Shard ``model`` with FSDP2: each transformer block is one unit, then the root.
 
     A block's parameters are all-gathered just before its forward and (with

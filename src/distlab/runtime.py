@@ -3,6 +3,7 @@
 Labs never name ``cpu``, ``cuda``, ``gloo`` or ``nccl`` themselves; they ask here, so the
 same script runs on a laptop's CPU ranks and on a GPU node unchanged.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +47,17 @@ def autocast(device: torch.device, dtype: str):
 
 def dist_env() -> tuple[int, int, int]:
     """(rank, local_rank, world_size) as torchrun sets them; (0, 0, 1) without torchrun."""
-    return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
-            int(os.environ.get("WORLD_SIZE", 1)))
+    return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+
+
+def rank_world() -> tuple[int, int]:
+    """(rank, world_size) of this process: the process group's when one is initialized, else
+    torchrun's environment, else (0, 1). The one answer to "which rank am I" outside the labs
+    (which lock their names in lab 1 and read ``dist_env``)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    rank, _, world_size = dist_env()
+    return rank, world_size
 
 
 def init_distributed(device: torch.device, timeout_s: float = 120.0) -> None:
@@ -63,8 +73,10 @@ def init_distributed(device: torch.device, timeout_s: float = 120.0) -> None:
         rank, _, world_size = dist_env()
         options = {"store": _store_of_this_attempt(world_size, timeout_s), "rank": rank, "world_size": world_size}
     dist.init_process_group(
-        backend_for(device), timeout=timedelta(seconds=timeout_s),
-        device_id=device if device.type == "cuda" else None, **options,
+        backend_for(device),
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+        **options,
     )
 
 
@@ -77,8 +89,13 @@ def _store_of_this_attempt(world_size: int, timeout_s: float) -> dist.Store:
     with "Connection refused" (measured: 3 restarts out of 3 failed so; see the fault
     tolerance chapter). Keys under a prefix per attempt cannot be stale.
     """
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=False, timeout=timedelta(seconds=timeout_s))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
     return dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 

@@ -7,14 +7,16 @@ store torchrun gives the job), counts the store's keys, and then rank 1 dies. to
 restarts both ranks: attempt 1 counts the keys before anything else. If the dead attempt's
 keys are still there, a new rank can read a dead rank's address.
 """
+
 import os
 from datetime import timedelta
 
 import torch.distributed as dist
 
 attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), int(os.environ["RANK"])
-store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                      timeout=timedelta(seconds=30))
+store = dist.TCPStore(
+    os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=30)
+)
 if attempt == 0:
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     dist.barrier()  # every rank has written its address

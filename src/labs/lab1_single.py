@@ -9,6 +9,7 @@ Launch (the GPU when there is one, else the CPU; --device cpu|cuda forces one):
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the
 trained weights, OUT/model.pt.
 """
+
 from __future__ import annotations
 
 import math
@@ -123,8 +124,12 @@ def main() -> None:
     state = {}  # bytes of parameters, gradients and optimizer state, after the first step
     memory = StepMemory(model, optimizer, enabled=cfg.track_memory)  # peak bytes by kind, if asked
     # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line there
-    bar = tqdm(range(cfg.steps), disable=not (is_main and cfg.progress), desc="train",
-               mininterval=0.1 if sys.stderr.isatty() else 10)
+    bar = tqdm(
+        range(cfg.steps),
+        disable=not (is_main and cfg.progress),
+        desc="train",
+        mininterval=0.1 if sys.stderr.isatty() else 10,
+    )
     for step in bar:
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
@@ -152,8 +157,14 @@ def main() -> None:
             timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
         if not math.isfinite(train_loss):
             raise UserError(f"loss is {train_loss} at step {step}: training diverged (try a lower --lr)")
-        record = {"step": step, "loss": train_loss, "lr": lr, "grad_norm": grad_norm.item(),
-                  "tokens_per_s": tokens_per_step / seconds, "step_s": seconds}
+        record = {
+            "step": step,
+            "loss": train_loss,
+            "lr": lr,
+            "grad_norm": grad_norm.item(),
+            "tokens_per_s": tokens_per_step / seconds,
+            "step_s": seconds,
+        }
         if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
             val_loss = evaluate(model, data, cfg, T, rank, world_size, device)
             record["val_loss"] = val_loss
@@ -173,22 +184,40 @@ def main() -> None:
         sample = data.tokenizer.decode(out[0].tolist())
         print(f"sample:\n{sample}")
     summary = {
-        "lab": Path(__file__).stem, "strategy": "single", "preset": cfg.preset,
-        "dtype": cfg.dtype, "device": str(device), "device_name": device_name(device),
-        "world_size": world_size, "steps": cfg.steps, "global_batch": cfg.batch_size,
-        "tokens_per_step": tokens_per_step, "tokens_per_s": tokens_per_s,
-        "final_train_loss": train_loss, "final_val_loss": val_loss,
-        "parameters": count_parameters(model), "state_bytes_per_rank": state, "peak_bytes_by_kind": memory.peak,
-        "flops_per_token": flops_per_token(model_cfg), "flops_formula": FLOPS_FORMULA,
-        "achieved_flops_per_s": flops, "peak_flops_per_s": peak, "mfu": flops / peak,
-        "data": corpus.source, "torch": torch.__version__, "config": asdict(cfg), "sample": sample,
+        "lab": Path(__file__).stem,
+        "strategy": "single",
+        "preset": cfg.preset,
+        "dtype": cfg.dtype,
+        "device": str(device),
+        "device_name": device_name(device),
+        "world_size": world_size,
+        "steps": cfg.steps,
+        "global_batch": cfg.batch_size,
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": tokens_per_s,
+        "final_train_loss": train_loss,
+        "final_val_loss": val_loss,
+        "parameters": count_parameters(model),
+        "state_bytes_per_rank": state,
+        "peak_bytes_by_kind": memory.peak,
+        "flops_per_token": flops_per_token(model_cfg),
+        "flops_formula": FLOPS_FORMULA,
+        "achieved_flops_per_s": flops,
+        "peak_flops_per_s": peak,
+        "mfu": flops / peak,
+        "data": corpus.source,
+        "torch": torch.__version__,
+        "config": asdict(cfg),
+        "sample": sample,
     }
     log.summary(**summary)
     log.close()
     if is_main:
         torch.save(model.state_dict(), Path(cfg.out) / "model.pt")
-        print(f"tokens/s {tokens_per_s:,.0f}  MFU {flops / peak:.2f} of measured peak "
-              f"{peak / 1e9:,.0f} GFLOP/s  final loss {train_loss:.4f}  val {val_loss:.4f}")
+        print(
+            f"tokens/s {tokens_per_s:,.0f}  MFU {flops / peak:.2f} of measured peak "
+            f"{peak / 1e9:,.0f} GFLOP/s  final loss {train_loss:.4f}  val {val_loss:.4f}"
+        )
 
 
 if __name__ == "__main__":

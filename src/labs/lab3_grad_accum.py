@@ -16,6 +16,7 @@ Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces 
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the
 trained weights, OUT/model.pt; with --checkpoint-every, OUT/checkpoints/step_NNNNNN.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -119,8 +120,10 @@ def main() -> None:
     rank, local_rank, world_size = dist_env()  # from torchrun; (0, 0, 1) without it
     is_main = rank == 0
     if cfg.batch_size % (world_size * cfg.micro_batch_size):  # before any collective: all ranks stop
-        raise UserError(f"--batch-size {cfg.batch_size} is not a multiple of {world_size} ranks x "
-                        f"--micro-batch-size {cfg.micro_batch_size}")
+        raise UserError(
+            f"--batch-size {cfg.batch_size} is not a multiple of {world_size} ranks x "
+            f"--micro-batch-size {cfg.micro_batch_size}"
+        )
     accum_steps = cfg.batch_size // (world_size * cfg.micro_batch_size)
     device = pick_device(cfg.device, local_rank)
     init_distributed(device, cfg.timeout_s)
@@ -148,8 +151,12 @@ def main() -> None:
     state = {}  # bytes of parameters, gradients and optimizer state, after the first step
     memory = StepMemory(model, optimizer, enabled=cfg.track_memory)  # peak bytes by kind, if asked
     # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line there
-    bar = tqdm(range(start_step, cfg.steps), disable=not (is_main and cfg.progress), desc="train",
-               mininterval=0.1 if sys.stderr.isatty() else 10)
+    bar = tqdm(
+        range(start_step, cfg.steps),
+        disable=not (is_main and cfg.progress),
+        desc="train",
+        mininterval=0.1 if sys.stderr.isatty() else 10,
+    )
     for step in bar:
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
@@ -185,8 +192,14 @@ def main() -> None:
             timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
         if not math.isfinite(train_loss):
             raise UserError(f"loss is {train_loss} at step {step}: training diverged (try a lower --lr)")
-        record = {"step": step, "loss": train_loss, "lr": lr, "grad_norm": grad_norm.item(),
-                  "tokens_per_s": tokens_per_step / seconds, "step_s": seconds}
+        record = {
+            "step": step,
+            "loss": train_loss,
+            "lr": lr,
+            "grad_norm": grad_norm.item(),
+            "tokens_per_s": tokens_per_step / seconds,
+            "step_s": seconds,
+        }
         if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
             val_loss = evaluate(model, data, cfg, T, rank, world_size, device)
             record["val_loss"] = val_loss
@@ -207,23 +220,42 @@ def main() -> None:
         sample = data.tokenizer.decode(out[0].tolist())
         print(f"sample:\n{sample}")
     summary = {
-        "lab": Path(__file__).stem, "strategy": "ddp+accumulation", "preset": cfg.preset,
-        "dtype": cfg.dtype, "device": str(device), "device_name": device_name(device),
-        "world_size": world_size, "accum_steps": accum_steps, "steps": cfg.steps, "global_batch": cfg.batch_size,
-        "tokens_per_step": tokens_per_step, "tokens_per_s": tokens_per_s,
-        "final_train_loss": train_loss, "final_val_loss": val_loss,
-        "parameters": count_parameters(model), "state_bytes_per_rank": state, "peak_bytes_by_kind": memory.peak,
-        "flops_per_token": flops_per_token(model_cfg), "flops_formula": FLOPS_FORMULA,
-        "achieved_flops_per_s": flops, "peak_flops_per_s": peak, "mfu": flops / peak,
-        "data": corpus.source, "torch": torch.__version__, "config": asdict(cfg), "sample": sample,
+        "lab": Path(__file__).stem,
+        "strategy": "ddp+accumulation",
+        "preset": cfg.preset,
+        "dtype": cfg.dtype,
+        "device": str(device),
+        "device_name": device_name(device),
+        "world_size": world_size,
+        "accum_steps": accum_steps,
+        "steps": cfg.steps,
+        "global_batch": cfg.batch_size,
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": tokens_per_s,
+        "final_train_loss": train_loss,
+        "final_val_loss": val_loss,
+        "parameters": count_parameters(model),
+        "state_bytes_per_rank": state,
+        "peak_bytes_by_kind": memory.peak,
+        "flops_per_token": flops_per_token(model_cfg),
+        "flops_formula": FLOPS_FORMULA,
+        "achieved_flops_per_s": flops,
+        "peak_flops_per_s": peak,
+        "mfu": flops / peak,
+        "data": corpus.source,
+        "torch": torch.__version__,
+        "config": asdict(cfg),
+        "sample": sample,
     }
     log.summary(**summary)
     log.close()
     if is_main:
         # save the inner module: no "module." prefix, so lab 1 can load it as it is
         torch.save(model.module.state_dict(), Path(cfg.out) / "model.pt")
-        print(f"tokens/s {tokens_per_s:,.0f}  MFU {flops / peak:.2f} of measured peak "
-              f"{peak / 1e9:,.0f} GFLOP/s  final loss {train_loss:.4f}  val {val_loss:.4f}")
+        print(
+            f"tokens/s {tokens_per_s:,.0f}  MFU {flops / peak:.2f} of measured peak "
+            f"{peak / 1e9:,.0f} GFLOP/s  final loss {train_loss:.4f}  val {val_loss:.4f}"
+        )
     # the model holds the group: freed after the group is destroyed, gloo can hang (book: Debugging)
     del model, checkpoints, memory  # each of them holds the model
     dist.destroy_process_group()  # the last reference, dropped here

@@ -17,6 +17,7 @@ Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces 
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the
 trained weights, OUT/model.pt; with --checkpoint-every, OUT/checkpoints/step_NNNNNN.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from distlab.accel import (AcceleratorCheckpoints, check_fsdp_request, check_processes, check_strategy,
-                           launched_processes, make_accelerator)
+from distlab.accel import (
+    AcceleratorCheckpoints,
+    check_fsdp_request,
+    check_processes,
+    check_strategy,
+    launched_processes,
+    make_accelerator,
+)
 from distlab.checkpoint import load_plain_weights
 from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
@@ -123,13 +130,14 @@ def main() -> None:
     rank, local_rank, world_size = dist_env()  # from torchrun; (0, 0, 1) without it
     is_main = rank == 0
     if cfg.batch_size % (world_size * cfg.micro_batch_size):  # before any collective: all ranks stop
-        raise UserError(f"--batch-size {cfg.batch_size} is not a multiple of {world_size} ranks x "
-                        f"--micro-batch-size {cfg.micro_batch_size}")
+        raise UserError(
+            f"--batch-size {cfg.batch_size} is not a multiple of {world_size} ranks x "
+            f"--micro-batch-size {cfg.micro_batch_size}"
+        )
     accum_steps = cfg.batch_size // (world_size * cfg.micro_batch_size)
     device = pick_device(cfg.device, local_rank)  # the one place that chooses CPU or GPU
     check_fsdp_request(cfg, world_size, device)  # FSDP that cannot be given stops here, on every rank
-    accelerator = make_accelerator(device, cfg.dtype, accum_steps, cfg.sync_every_micro_batch,
-                                   cfg.timeout_s, cfg.fsdp)
+    accelerator = make_accelerator(device, cfg.dtype, accum_steps, cfg.sync_every_micro_batch, cfg.timeout_s, cfg.fsdp)
     check_processes(accelerator)  # N launched processes must be one group of N, not N groups of one
     torch.manual_seed(cfg.seed)
 
@@ -154,8 +162,10 @@ def main() -> None:
     if is_main:
         print(f"config: {asdict(cfg)}")
         print(f"model: {count_parameters(model):,} parameters, data: {corpus.source}, device: {device}")
-        print(f"accelerate: {accelerator.num_processes} process(es) of {launched_processes()} launched, "
-              f"{accelerator.distributed_type}, training with {strategy}")
+        print(
+            f"accelerate: {accelerator.num_processes} process(es) of {launched_processes()} launched, "
+            f"{accelerator.distributed_type}, training with {strategy}"
+        )
 
     log = RunLog(cfg.out, enabled=is_main)
     tokens_per_step = cfg.batch_size * T
@@ -164,8 +174,12 @@ def main() -> None:
     state = {}  # bytes of parameters, gradients and optimizer state, after the first step
     memory = StepMemory(model, optimizer, enabled=cfg.track_memory)  # peak bytes by kind, if asked
     # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line there
-    bar = tqdm(range(start_step, cfg.steps), disable=not (is_main and cfg.progress), desc="train",
-               mininterval=0.1 if sys.stderr.isatty() else 10)
+    bar = tqdm(
+        range(start_step, cfg.steps),
+        disable=not (is_main and cfg.progress),
+        desc="train",
+        mininterval=0.1 if sys.stderr.isatty() else 10,
+    )
     for step in bar:
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
@@ -197,8 +211,14 @@ def main() -> None:
             timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
         if not math.isfinite(train_loss):
             raise UserError(f"loss is {train_loss} at step {step}: training diverged (try a lower --lr)")
-        record = {"step": step, "loss": train_loss, "lr": lr, "grad_norm": grad_norm.item(),
-                  "tokens_per_s": tokens_per_step / seconds, "step_s": seconds}
+        record = {
+            "step": step,
+            "loss": train_loss,
+            "lr": lr,
+            "grad_norm": grad_norm.item(),
+            "tokens_per_s": tokens_per_step / seconds,
+            "step_s": seconds,
+        }
         if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
             val_loss = evaluate(model, data, cfg, T, rank, world_size, device, accelerator)
             record["val_loss"] = val_loss
@@ -222,22 +242,41 @@ def main() -> None:
         sample = data.tokenizer.decode(out[0].tolist())
         print(f"sample:\n{sample}")
     summary = {
-        "lab": Path(__file__).stem, "strategy": f"accelerate-{strategy}+accumulation+ac-{cfg.ac}", "preset": cfg.preset,
-        "dtype": cfg.dtype, "device": str(device), "device_name": device_name(device),
-        "world_size": world_size, "accum_steps": accum_steps, "steps": cfg.steps, "global_batch": cfg.batch_size,
-        "tokens_per_step": tokens_per_step, "tokens_per_s": tokens_per_s,
-        "final_train_loss": train_loss, "final_val_loss": val_loss,
-        "parameters": count_parameters(model), "state_bytes_per_rank": state, "peak_bytes_by_kind": memory.peak,
-        "flops_per_token": flops_per_token(model_cfg), "flops_formula": FLOPS_FORMULA,
-        "achieved_flops_per_s": flops, "peak_flops_per_s": peak, "mfu": flops / peak,
-        "data": corpus.source, "torch": torch.__version__, "config": asdict(cfg), "sample": sample,
+        "lab": Path(__file__).stem,
+        "strategy": f"accelerate-{strategy}+accumulation+ac-{cfg.ac}",
+        "preset": cfg.preset,
+        "dtype": cfg.dtype,
+        "device": str(device),
+        "device_name": device_name(device),
+        "world_size": world_size,
+        "accum_steps": accum_steps,
+        "steps": cfg.steps,
+        "global_batch": cfg.batch_size,
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": tokens_per_s,
+        "final_train_loss": train_loss,
+        "final_val_loss": val_loss,
+        "parameters": count_parameters(model),
+        "state_bytes_per_rank": state,
+        "peak_bytes_by_kind": memory.peak,
+        "flops_per_token": flops_per_token(model_cfg),
+        "flops_formula": FLOPS_FORMULA,
+        "achieved_flops_per_s": flops,
+        "peak_flops_per_s": peak,
+        "mfu": flops / peak,
+        "data": corpus.source,
+        "torch": torch.__version__,
+        "config": asdict(cfg),
+        "sample": sample,
     }
     log.summary(**summary)
     log.close()
     if is_main:
         torch.save(weights, Path(cfg.out) / "model.pt")  # plain keys and tensors: lab 1 loads it
-        print(f"tokens/s {tokens_per_s:,.0f}  MFU {flops / peak:.2f} of measured peak "
-              f"{peak / 1e9:,.0f} GFLOP/s  final loss {train_loss:.4f}  val {val_loss:.4f}")
+        print(
+            f"tokens/s {tokens_per_s:,.0f}  MFU {flops / peak:.2f} of measured peak "
+            f"{peak / 1e9:,.0f} GFLOP/s  final loss {train_loss:.4f}  val {val_loss:.4f}"
+        )
     # the model holds the group: freed after the group is destroyed, gloo can hang (book: Debugging)
     del memory  # it holds the model
     model, optimizer = accelerator.free_memory(model, optimizer)  # the accelerator's references too

@@ -7,6 +7,7 @@ tests assert on that record. The other tests drive a page: search, and the two w
 must work without a Python kernel.
 
 The build is the strict one of test_notebooks.py, shared through the `built_book` fixture."""
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,9 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect, sync_playwright
 
-from support.browser import CHROMIUM_ARGS, DESKTOP, PHONE, chromium_path, serve, visit
 from distlab.infra.paths import REPO_ROOT
 from support.book import toc_pages
+from support.browser import CHROMIUM_ARGS, DESKTOP, PHONE, chromium_path, serve, visit
 
 PAGES = [p.relative_to(REPO_ROOT / "book").with_suffix("").as_posix() for p in toc_pages()]
 SCREENSHOTS = Path(os.environ.get("DISTLAB_SCREENSHOTS", REPO_ROOT / "_build" / "screenshots"))
@@ -72,7 +73,8 @@ def page_facts(page) -> dict:
     facts["answers"] = answers.count()
     facts["solutions"] = section.locator("details.above-input").evaluate_all(
         "ds => ds.map(d => ({open: d.open, summary: d.querySelector('summary').innerText.trim(),"
-        " output: (d.parentElement.querySelector('.cell_output') || {innerText: ''}).innerText}))")
+        " output: (d.parentElement.querySelector('.cell_output') || {innerText: ''}).innerText}))"
+    )
     if facts["answers"]:
         body = answers.first.locator("> :not(.admonition-title)").first
         facts["answer_hidden_before"] = not body.is_visible()
@@ -92,9 +94,12 @@ def crawl(site):
     base, _, browser = site
     context = browser.new_context()
     try:
-        return {page: visit(context, f"{base}{page}.html", {"desktop": DESKTOP, "phone": PHONE},
-                            SCREENSHOTS, inspect=page_facts)
-                for page in PAGES}
+        return {
+            page: visit(
+                context, f"{base}{page}.html", {"desktop": DESKTOP, "phone": PHONE}, SCREENSHOTS, inspect=page_facts
+            )
+            for page in PAGES
+        }
     finally:
         context.close()
 
@@ -154,7 +159,8 @@ def test_page_is_readable_on_a_phone(crawl, page):
     keeps a readable size."""
     v = crawl[page]["phone"]
     assert v.scroll_width <= v.viewport_width + 1, (
-        f"{v.scroll_width}px wide at a {v.viewport_width}px viewport; sticking out: {v.wide_elements}")
+        f"{v.scroll_width}px wide at a {v.viewport_width}px viewport; sticking out: {v.wide_elements}"
+    )
     assert v.article_width >= 0.8 * v.viewport_width, f"the text column is {v.article_width:.0f}px wide"
     assert v.text_px >= 14, f"body text of {v.text_px}px"
 
@@ -223,6 +229,7 @@ def test_memory_calculator_answers_as_the_python_functions_do(tab):
     the table changes, to what `distlab.tools.memory_calculator.estimate` says."""
     from distlab.tools.calculator_page import format_bytes
     from distlab.tools.memory_calculator import estimate
+
     tab.goto(f"{tab.base}zero_memory.html")
     calc = tab.locator("#distlab-memcalc")
     expect(calc).to_be_visible()
@@ -250,8 +257,15 @@ def test_page_ends_with_exercises_whose_answers_open_on_demand(crawl, page):
 
 
 # The pages whose exercises ask for code, each with a checker (distlab.exercises).
-CODE_EXERCISES = {"collectives": 1, "fsdp_scratch": 2, "activation_checkpointing": 1, "accelerate": 1,
-                  "fault_tolerance": 1, "debugging": 1, "labs/lab2_ddp": 1}
+CODE_EXERCISES = {
+    "collectives": 1,
+    "fsdp_scratch": 2,
+    "activation_checkpointing": 1,
+    "accelerate": 1,
+    "fault_tolerance": 1,
+    "debugging": 1,
+    "labs/lab2_ddp": 1,
+}
 
 
 @pytest.mark.parametrize("page", CODE_EXERCISES)

@@ -3,6 +3,7 @@
 The CPU tab is run for real (fewer steps); the GPU tabs cannot run here, so each of their
 command lines is parsed by torchrun's own argument parser and by the lab's, which refuse an
 option that does not exist or a value of the wrong type."""
+
 from __future__ import annotations
 
 import os
@@ -14,9 +15,9 @@ import sys
 import pytest
 from torch.distributed.run import get_args_parser
 
-from distlab.infra.paths import REPO_ROOT
 from distlab.bench.labs import load_lab
 from distlab.cli import parse_config
+from distlab.infra.paths import REPO_ROOT
 
 INTRO = (REPO_ROOT / "book" / "intro.md").read_text()
 pytestmark = pytest.mark.timeout(600)
@@ -35,7 +36,7 @@ def tab_commands(title: str) -> list[list[str]]:
 def split_torchrun(command: list[str]) -> tuple[list[str], str, list[str]]:
     """torchrun's own options, the script, the script's options."""
     script_at = next(i for i, a in enumerate(command) if a.endswith(".py"))
-    return command[1:script_at], command[script_at], command[script_at + 1:]
+    return command[1:script_at], command[script_at], command[script_at + 1 :]
 
 
 def test_the_cpu_commands_run(tmp_path):

@@ -5,6 +5,7 @@ The notebooks run once, in the strict book build (the ``built_book`` fixture); t
 here read the notebooks that build executed, so ``make test`` does not run them twice.
 The browser tests (test_book_in_browser.py) read the same build: the fixture shares it
 between the xdist workers."""
+
 from pathlib import Path
 
 import nbformat
@@ -13,8 +14,9 @@ import pytest
 from distlab.infra.paths import REPO_ROOT
 from support.book import toc_pages
 
-NOTEBOOKS = sorted({p.resolve() for p in toc_pages()}
-                   | set((REPO_ROOT / "book").glob("*.md")) | set((REPO_ROOT / "labs").glob("*.md")))
+NOTEBOOKS = sorted(
+    {p.resolve() for p in toc_pages()} | set((REPO_ROOT / "book").glob("*.md")) | set((REPO_ROOT / "labs").glob("*.md"))
+)
 
 
 def test_every_notebook_in_the_tree_is_in_the_table_of_contents():
@@ -35,7 +37,7 @@ def build_failure(proc) -> str:
     (nbclient's report, which the build prints long before its own final traceback)."""
     text = proc.stdout + proc.stderr
     at = text.find("An error occurred while executing the following cell")
-    return text[max(0, at - 300):at + 8000] if at >= 0 else text[-8000:]
+    return text[max(0, at - 300) : at + 8000] if at >= 0 else text[-8000:]
 
 
 def test_strict_build_passes_and_writes_every_page(built_book):
@@ -53,8 +55,7 @@ def test_strict_build_passes_and_writes_every_page(built_book):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_notebook_executes(path, built_book):
     proc, build = built_book
-    rel = path.relative_to(REPO_ROOT / "book") if (REPO_ROOT / "book") in path.parents \
-        else Path("labs") / path.name
+    rel = path.relative_to(REPO_ROOT / "book") if (REPO_ROOT / "book") in path.parents else Path("labs") / path.name
     executed = build / "jupyter_execute" / rel.with_suffix(".ipynb")
     assert executed.exists(), f"the book build did not execute {rel}:\n" + build_failure(proc)[:3000]
     notebook = nbformat.read(executed, as_version=4)

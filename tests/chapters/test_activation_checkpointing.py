@@ -1,4 +1,5 @@
 """Activation checkpointing: same gradients, fewer saved bytes, policies that really save, lab 5."""
+
 import json
 import shlex
 
@@ -6,17 +7,22 @@ import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
-from distlab.infra.paths import REPO_ROOT
-from support.labs import run_lab
-from distlab.chapters.activation_checkpointing import (
-    activation_memory, build, check_policy_saves, checkpoint_blocks, fsdp2_orders, gradients)
 from distlab.bench.ac import POLICIES
+from distlab.chapters.activation_checkpointing import (
+    activation_memory,
+    build,
+    check_policy_saves,
+    checkpoint_blocks,
+    fsdp2_orders,
+    gradients,
+)
 from distlab.infra.launch import run_ranks
-from distlab.tools.memory_calculator import activation_bytes
+from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import GPT, preset
 from distlab.parallel import SAVE_MATMULS_AND_ATTENTION, apply_activation_checkpointing, save_ops_policy
-from support.labs import BASELINE, torchrun
+from distlab.tools.memory_calculator import activation_bytes
+from support.labs import BASELINE, run_lab, torchrun
 
 aten = torch.ops.aten
 SDPA_CPU = str(aten._scaled_dot_product_flash_attention_for_cpu.default)
@@ -47,8 +53,9 @@ def test_hand_written_wrapper_gives_the_same_gradients():
 def test_saved_bytes_match_the_formula_and_the_tracker(preset_name, batch):
     cfg = preset(preset_name)
     idx, targets = _batch(cfg, batch)
-    none, full, selective = (activation_memory(build(preset_name, mode), idx, targets)
-                             for mode in ("none", "full", "selective"))
+    none, full, selective = (
+        activation_memory(build(preset_name, mode), idx, targets) for mode in ("none", "full", "selective")
+    )
     for measured, checkpointing in ((none, False), (full, True)):
         assert measured["hooks"] == activation_bytes(cfg, batch, cfg.block_size, checkpointing)["saved"]
         assert measured["saved"] == measured["hooks"] + 4  # the tracker also counts the returned fp32 loss
@@ -80,7 +87,9 @@ def test_policies_that_name_ops_the_wrong_way_are_caught():
         with pytest.raises(ValueError, match="saved no operator"):
             check_policy_saves(policy)
     # a list written for Linears without bias (mm): on this model only attention is saved
-    saved = check_policy_saves(save_ops_policy([aten.mm.default, aten._scaled_dot_product_flash_attention_for_cpu.default]))
+    saved = check_policy_saves(
+        save_ops_policy([aten.mm.default, aten._scaled_dot_product_flash_attention_for_cpu.default])
+    )
     assert str(aten.addmm.default) not in saved
 
 
@@ -112,8 +121,19 @@ def test_lab5_gradients_and_losses_equal_lab_1_in_every_mode(tmp_path):
     grad_norms = {}
     for mode, every in (("none", 1), ("full", 1), ("selective", 2)):
         out = tmp_path / mode
-        proc = torchrun("lab5_activation_ckpt.py", 2, *BASELINE["args"], "--micro-batch-size", 4,
-                        "--ac", mode, "--ac-every", every, "--out", out)
+        proc = torchrun(
+            "lab5_activation_ckpt.py",
+            2,
+            *BASELINE["args"],
+            "--micro-batch-size",
+            4,
+            "--ac",
+            mode,
+            "--ac-every",
+            every,
+            "--out",
+            out,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         metrics = read_metrics(out)
         assert [m["loss"] for m in metrics] == pytest.approx(BASELINE["losses"], rel=1e-5)
@@ -127,8 +147,16 @@ def test_lab5_resumes_a_lab4_checkpoint_and_saves_plain_weights(tmp_path):
     common = ["--steps", "6", "--eval-batches", "1", "--sample-chars", "0", "--no-progress"]
     proc = run_lab("lab4_fsdp2.py", *common, "--checkpoint-every", 3, "--out", tmp_path / "lab4")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run_lab("lab5_activation_ckpt.py", *common, "--ac", "selective", "--out", tmp_path / "lab5",
-                   "--resume", tmp_path / "lab4" / "checkpoints" / "step_000003")
+    proc = run_lab(
+        "lab5_activation_ckpt.py",
+        *common,
+        "--ac",
+        "selective",
+        "--out",
+        tmp_path / "lab5",
+        "--resume",
+        tmp_path / "lab4" / "checkpoints" / "step_000003",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lab4 = [m["loss"] for m in read_metrics(tmp_path / "lab4")]
     lab5 = [m["loss"] for m in read_metrics(tmp_path / "lab5")]
@@ -136,8 +164,9 @@ def test_lab5_resumes_a_lab4_checkpoint_and_saves_plain_weights(tmp_path):
     GPT(preset("tiny")).load_state_dict(torch.load(tmp_path / "lab5" / "model.pt", weights_only=True))
 
 
-@pytest.mark.parametrize("flags,message", [(["--ac", "ful"], "unknown --ac 'ful'"),
-                                           (["--ac-every", "0"], "--ac-every must be positive")])
+@pytest.mark.parametrize(
+    "flags,message", [(["--ac", "ful"], "unknown --ac 'ful'"), (["--ac-every", "0"], "--ac-every must be positive")]
+)
 def test_lab5_refuses_bad_flags_in_one_line(flags, message):
     proc = run_lab("lab5_activation_ckpt.py", *flags)
     assert proc.returncode != 0 and message in proc.stderr
@@ -149,6 +178,7 @@ def test_recorded_benchmark_is_complete_and_rerunnable():
     command = shlex.split(result["provenance"]["command"])
     assert command[:3] == ["python", "-m", "distlab.bench.ac"]
     from distlab.bench.ac import main  # the recorded options still parse (nothing is run with --help)
+
     with pytest.raises(SystemExit) as exit_info:
         main([*command[3:], "--help"])
     assert exit_info.value.code == 0

@@ -1,22 +1,38 @@
 """The benchmark harness, the recorded results the Benchmarks chapter reads, and the run-logs CLI."""
+
 import json
 import shutil
 
 import pytest
 
 from distlab.bench import labs as bench
-from distlab.tools import runs
 from distlab.bench.report import RESULTS, loss_agreement, recorded_results, run, scaling, targets
 from distlab.cli import parse_config
+from distlab.tools import runs
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """Labs 1-6 on the tiny model, 4 steps: lab 1 on 1 process, the others on 2 ranks."""
     folder = tmp_path_factory.mktemp("bench")
-    result = bench.main(["--preset", "tiny", "--batch-size", "8", "--steps", "4", "--ranks", "2",
-                         "--eval-batches", "1", "--out", str(folder / "result.json"),
-                         "--runs-dir", str(folder / "runs")])
+    result = bench.main(
+        [
+            "--preset",
+            "tiny",
+            "--batch-size",
+            "8",
+            "--steps",
+            "4",
+            "--ranks",
+            "2",
+            "--eval-batches",
+            "1",
+            "--out",
+            str(folder / "result.json"),
+            "--runs-dir",
+            str(folder / "runs"),
+        ]
+    )
     return result, folder
 
 
@@ -26,8 +42,13 @@ def test_the_harness_runs_every_lab_on_one_workload_and_they_train_the_same_mode
     assert result["schema"] == bench.SCHEMA
     assert set(result["provenance"]) >= {"machine", "cpu_count", "torch", "commit", "date", "command"}
     assert [(r["lab"], r["world_size"]) for r in result["runs"]] == [
-        ("lab1_single", 1), ("lab2_ddp", 2), ("lab3_grad_accum", 2), ("lab4_fsdp2", 2),
-        ("lab5_activation_ckpt", 2), ("lab6_accelerate", 2)]
+        ("lab1_single", 1),
+        ("lab2_ddp", 2),
+        ("lab3_grad_accum", 2),
+        ("lab4_fsdp2", 2),
+        ("lab5_activation_ckpt", 2),
+        ("lab6_accelerate", 2),
+    ]
     for r in result["runs"]:
         assert "error" not in r, r
         assert r["config"]["preset"] == "tiny" and r["config"]["batch_size"] == 8 and r["config"]["steps"] == 4
@@ -49,7 +70,8 @@ def test_the_recorded_figures_of_a_run_are_its_own(smoke):
     assert "sharded_params" in lab4["peak_bytes_by_kind"] and "params" in lab3["peak_bytes_by_kind"]
     rows = {row["goal"]: row for row in targets(result)}
     assert rows["FSDP2 state"]["met"] is True and rows["FSDP2 state"]["measured"] == pytest.approx(
-        lab4["state_bytes_per_rank"]["total"] / lab3["state_bytes_per_rank"]["total"])
+        lab4["state_bytes_per_rank"]["total"] / lab3["state_bytes_per_rank"]["total"]
+    )
     assert all(row["measured"] is not None for row in rows.values())
     # only 2 ranks were run: each lab's efficiency against its own 1-rank run is unknown
     assert all(row["efficiency_vs_own_1_rank"] is None for row in scaling(result) if row["ranks"] == 2)
@@ -82,15 +104,22 @@ def test_recorded_results_exist_parse_and_come_from_the_current_labs_options():
             assert set(r["config"]) == bench.lab_options(r["lab"]), (name, r["lab"])
             argv = r["command"].split(f"src/labs/{r['lab']}.py ", 1)[1].split()
             reparsed = parse_config(module.TrainConfig, argv)
-            assert {k: v for k, v in vars(reparsed).items() if k != "data"} == \
-                   {k: v for k, v in r["config"].items() if k != "data"}, (name, r["lab"])
+            assert {k: v for k, v in vars(reparsed).items() if k != "data"} == {
+                k: v for k, v in r["config"].items() if k != "data"
+            }, (name, r["lab"])
 
 
 def test_runs_cli_lists_summarises_and_plots(smoke, tmp_path, capsys):
     _, folder = smoke
     found = runs.find_runs(folder / "runs")
-    assert {p.name for p in found} == {"lab1_single_1ranks", "lab2_ddp_2ranks", "lab3_grad_accum_2ranks",
-                                       "lab4_fsdp2_2ranks", "lab5_activation_ckpt_2ranks", "lab6_accelerate_2ranks"}
+    assert {p.name for p in found} == {
+        "lab1_single_1ranks",
+        "lab2_ddp_2ranks",
+        "lab3_grad_accum_2ranks",
+        "lab4_fsdp2_2ranks",
+        "lab5_activation_ckpt_2ranks",
+        "lab6_accelerate_2ranks",
+    }
     unfinished = tmp_path / "runs" / "died"
     shutil.copytree(folder / "runs" / "lab2_ddp_2ranks", unfinished)
     (unfinished / "summary.json").unlink()
@@ -104,8 +133,21 @@ def test_runs_cli_lists_summarises_and_plots(smoke, tmp_path, capsys):
     assert "(unfinished: 4 steps logged)" in runs.summary_line(s)
 
     image = tmp_path / "curves.png"
-    assert runs.main(["plot", str(folder / "runs" / "lab1_single_1ranks"), str(unfinished),
-                      "--metric", "loss", "val_loss", "--out", str(image)]) == 0
+    assert (
+        runs.main(
+            [
+                "plot",
+                str(folder / "runs" / "lab1_single_1ranks"),
+                str(unfinished),
+                "--metric",
+                "loss",
+                "val_loss",
+                "--out",
+                str(image),
+            ]
+        )
+        == 0
+    )
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     assert runs.main(["summary", str(tmp_path)]) == 1

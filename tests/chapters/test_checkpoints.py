@@ -1,6 +1,7 @@
 """Lab 4's sharded checkpoints: resuming gives the losses of never stopping, on the same number
 of ranks and on others; a checkpoint converts to the plain file lab 1 loads; bad checkpoints
 stop every rank with one line before anything is loaded."""
+
 import json
 import os
 import pickle
@@ -14,25 +15,48 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 
-from distlab.infra.paths import REPO_ROOT
-from support.labs import run_lab
 from distlab.bench.labs import load_lab
 from distlab.checkpoint import inspect_checkpoint, latest, load_plain_weights
 from distlab.errors import UserError
 from distlab.infra.launch import run_ranks
+from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import GPT, preset
+from support.labs import run_lab
 
-ARGS = ["--preset", "tiny", "--steps", "10", "--batch-size", "16", "--micro-batch-size", "4",
-        "--eval-batches", "2", "--sample-chars", "0", "--no-progress"]
+ARGS = [
+    "--preset",
+    "tiny",
+    "--steps",
+    "10",
+    "--batch-size",
+    "16",
+    "--micro-batch-size",
+    "4",
+    "--eval-batches",
+    "2",
+    "--sample-chars",
+    "0",
+    "--no-progress",
+]
 
 
 def torchrun(nprocs: int, *args, timeout: float = 180) -> subprocess.CompletedProcess:
     """Lab 4 under `torchrun --standalone` (port 0: the OS picks a free one)."""
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
-         str(REPO_ROOT / "src" / "labs" / "lab4_fsdp2.py"), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nprocs}",
+            str(REPO_ROOT / "src" / "labs" / "lab4_fsdp2.py"),
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
 
 
@@ -78,8 +102,7 @@ def test_resuming_gives_the_losses_of_never_stopping(never_stopped, nprocs, rel,
     assert ("RNG reseeded" in proc.stdout) == (nprocs != 2)  # RNG states come back to the same ranks only
     assert [m["step"] for m in read_metrics(out)] == list(range(5, 10))
     assert losses(out) == pytest.approx(losses(never_stopped)[5:], rel=rel)
-    assert read_summary(out)["final_val_loss"] == pytest.approx(
-        read_summary(never_stopped)["final_val_loss"], rel=rel)
+    assert read_summary(out)["final_val_loss"] == pytest.approx(read_summary(never_stopped)["final_val_loss"], rel=rel)
     if nprocs == 1:
         kept = out / "metrics.before_step_000005.jsonl"
         assert kept.read_text() == (never_stopped / "metrics.jsonl").read_text()
@@ -129,9 +152,19 @@ def test_each_rank_gets_its_own_rng_state_back(tmp_path):
 
 def test_a_checkpoint_converts_to_the_weights_lab_1_loads(never_stopped, tmp_path):
     plain = tmp_path / "plain.pt"
-    proc = subprocess.run([sys.executable, "-m", "distlab.checkpoint", "to-plain",
-                           str(never_stopped / "checkpoints" / "step_000010"), str(plain)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distlab.checkpoint",
+            "to-plain",
+            str(never_stopped / "checkpoints" / "step_000010"),
+            str(plain),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     converted = torch.load(plain, weights_only=True)
     saved = torch.load(never_stopped / "model.pt", weights_only=True)  # lab 4's own, at the end
@@ -140,8 +173,20 @@ def test_a_checkpoint_converts_to_the_weights_lab_1_loads(never_stopped, tmp_pat
     GPT(preset("tiny", vocab_size=65)).load_state_dict(converted)
     # lab 1 evaluates and samples from it without a training step
     out = tmp_path / "lab1"
-    proc = run_lab("lab1_single.py", "--init-from", plain, "--steps", "0", "--eval-batches", "2",
-                   "--sample-chars", "40", "--no-progress", "--out", out)
+    proc = run_lab(
+        "lab1_single.py",
+        "--init-from",
+        plain,
+        "--steps",
+        "0",
+        "--eval-batches",
+        "2",
+        "--sample-chars",
+        "40",
+        "--no-progress",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     assert read_metrics(out) == []
     summary = read_summary(out)
@@ -149,10 +194,13 @@ def test_a_checkpoint_converts_to_the_weights_lab_1_loads(never_stopped, tmp_pat
     assert len(summary["sample"]) == 41  # the prompt's newline + 40 characters
 
 
-@pytest.mark.parametrize("kind,nprocs,message", [
-    ("truncated shard", 2, "__1_0.distcp is truncated: "),
-    ("other preset", 1, "--preset is 'tiny' there, 'shakespeare' here"),
-])
+@pytest.mark.parametrize(
+    "kind,nprocs,message",
+    [
+        ("truncated shard", 2, "__1_0.distcp is truncated: "),
+        ("other preset", 1, "--preset is 'tiny' there, 'shakespeare' here"),
+    ],
+)
 def test_a_bad_checkpoint_stops_every_rank_before_training(never_stopped, kind, nprocs, message, tmp_path):
     checkpoint = tmp_path / "ckpt"
     shutil.copytree(never_stopped / "checkpoints" / "step_000005", checkpoint)
@@ -173,12 +221,15 @@ def test_a_bad_checkpoint_stops_every_rank_before_training(never_stopped, kind, 
         assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
 
 
-@pytest.mark.parametrize("damage,message", [
-    (lambda ckpt: shutil.rmtree(ckpt), "(no such folder)"),
-    (lambda ckpt: (ckpt / ".metadata").unlink(), ".metadata is missing: "),  # a save killed midway
-    (lambda ckpt: os.truncate(ckpt / ".metadata", 100), ".metadata is unreadable (UnpicklingError"),
-    (lambda ckpt: (ckpt / "__0_0.distcp").unlink(), "__0_0.distcp is missing: "),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda ckpt: shutil.rmtree(ckpt), "(no such folder)"),
+        (lambda ckpt: (ckpt / ".metadata").unlink(), ".metadata is missing: "),  # a save killed midway
+        (lambda ckpt: os.truncate(ckpt / ".metadata", 100), ".metadata is unreadable (UnpicklingError"),
+        (lambda ckpt: (ckpt / "__0_0.distcp").unlink(), "__0_0.distcp is missing: "),
+    ],
+)
 def test_damage_is_found_before_a_tensor_is_loaded(never_stopped, damage, message, tmp_path):
     checkpoint = tmp_path / "ckpt"
     shutil.copytree(never_stopped / "checkpoints" / "step_000005", checkpoint)
@@ -223,9 +274,11 @@ def test_every_lab_takes_zero_steps_but_not_fewer(lab):
 
 
 def test_latest_skips_unfinished_folders(tmp_path):
-    for name, files in [("step_000005", [".metadata", "train_state.json"]),
-                        ("step_000009", ["train_state.json"]),  # DCP never wrote its .metadata
-                        ("step_000010.partial", [".metadata", "train_state.json"])]:
+    for name, files in [
+        ("step_000005", [".metadata", "train_state.json"]),
+        ("step_000009", ["train_state.json"]),  # DCP never wrote its .metadata
+        ("step_000010.partial", [".metadata", "train_state.json"]),
+    ]:
         (tmp_path / name).mkdir()
         for f in files:
             (tmp_path / name / f).write_text("")

@@ -1,14 +1,20 @@
 """The ring all-reduce from scratch equals dist.all_reduce; its schedule, its cost model, and
 the blocking-send deadlock (which must fail at the process-group timeout, never hang)."""
+
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from distlab.scratch.collectives import (blocking_ring_send_first, parity_ring_exchange, ring_all_reduce,
-                                 ring_bytes_sent_per_rank, ring_schedule)
 from distlab.infra.launch import RankFailed, run_ranks
+from distlab.scratch.collectives import (
+    blocking_ring_send_first,
+    parity_ring_exchange,
+    ring_all_reduce,
+    ring_bytes_sent_per_rank,
+    ring_schedule,
+)
 
 
 def check_on_every_rank():
@@ -29,8 +35,11 @@ def check_on_every_rank():
             ptr = x.data_ptr()
             out = ring_all_reduce(x)
             # the ring adds in a different order than gloo: float sums agree to rounding
-            same = (torch.allclose(x, expected, rtol=1e-5, atol=1e-5) if dtype.is_floating_point
-                    else torch.equal(x, expected))
+            same = (
+                torch.allclose(x, expected, rtol=1e-5, atol=1e-5)
+                if dtype.is_floating_point
+                else torch.equal(x, expected)
+            )
             if not (same and out is x and x.data_ptr() == ptr):  # equal, and in place
                 report["mismatches"].append((numel, str(dtype)))
     # a 2-D tensor and a non-contiguous one keep their shape and are reduced in place
@@ -45,7 +54,7 @@ def check_on_every_rank():
     # 2**r to every element, so each element's sum is a bit mask of the ranks it contains.
     numel = 2 * n + 1  # uneven chunks on purpose
     for k in range(2 * (n - 1) + 1):
-        x = torch.full((numel,), 2 ** rank, dtype=torch.int64)
+        x = torch.full((numel,), 2**rank, dtype=torch.int64)
         ring_all_reduce(x, max_steps=k)
         report["masks"].append([chunk.tolist() for chunk in torch.tensor_split(x, n)])
 
@@ -72,7 +81,7 @@ def test_schedule_agrees_with_the_real_ring_at_every_step(ranks):
     for k, entry in enumerate(schedule):
         for rank, report in enumerate(reports):
             for c, values in enumerate(report["masks"][k]):
-                expected_mask = sum(2 ** r for r in entry["holds"][rank][c])
+                expected_mask = sum(2**r for r in entry["holds"][rank][c])
                 assert values == [expected_mask] * len(values), (k, rank, c)
     # after 2(N-1) steps every rank holds the full sum of every chunk
     assert all(held == frozenset(range(n)) for row in schedule[-1]["holds"] for held in row)

@@ -1,12 +1,13 @@
 """DataParallel from scratch gives the plain module's outputs, gradients and training losses."""
+
 import pytest
 import torch
 import torch.nn as nn
 
-from distlab.data import TokenData, load_corpus
-from distlab.scratch.data_parallel import ScratchDataParallel, gather, replicate, scatter
 from distlab.chapters.data_parallel import KINDS, backward_threads, train_steps
+from distlab.data import TokenData, load_corpus
 from distlab.model import GPT, preset
+from distlab.scratch.data_parallel import ScratchDataParallel, gather, replicate, scatter
 
 CPU = torch.device("cpu")
 
@@ -21,8 +22,8 @@ def batch(data, rows):
 
 
 def pair(data):
-    make = lambda: GPT(preset("tiny", vocab_size=data.tokenizer.vocab_size), seed=0)
-    return make(), make()
+    cfg = preset("tiny", vocab_size=data.tokenizer.vocab_size)
+    return GPT(cfg, seed=0), GPT(cfg, seed=0)
 
 
 @pytest.mark.parametrize("rows,replicas", [(16, 2), (12, 3), (16, 4)])
@@ -129,6 +130,7 @@ def test_the_recorded_comparison_is_complete_and_its_variants_trained_alike():
     """The chapter reads results/dp_bench.json (python -m distlab.bench.dp): five variants, the
     same steps, the same losses, and the phases of one scratch DP step."""
     from distlab.bench.dp import WARMUP_STEPS, load
+
     measured, workload, runs = load()
     assert {"machine", "torch", "commit", "date", "command"} <= set(measured)
     assert measured["command"].startswith("python -m distlab.bench.dp")
@@ -143,6 +145,7 @@ def test_the_recorded_comparison_is_complete_and_its_variants_trained_alike():
 
 def test_the_comparison_recorder_refuses_bad_workloads(capsys):
     from distlab.bench.dp import main
+
     for argv in (["--steps", "2"], ["--global-batch", "7"]):
         with pytest.raises(SystemExit):
             main(argv)

@@ -1,13 +1,14 @@
 """The from-scratch DDP wrappers against torch's DDP and against one process."""
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from distlab.chapters.ddp_internals import gradients, train_steps
-from distlab.scratch.ddp import WRAPPERS, BucketedDDP
 from distlab.infra.launch import RankFailed, run_ranks
 from distlab.model import GPT, preset
+from distlab.scratch.ddp import WRAPPERS, BucketedDDP
 
 SMALL_BUCKETS_MB = 0.05  # several buckets even for the tiny model
 
@@ -48,9 +49,11 @@ def test_buckets_follow_reverse_parameter_order_and_respect_the_cap():
         model = BucketedDDP(GPT(preset("tiny")), bucket_cap_mb=SMALL_BUCKETS_MB)
         order = [p for b in model.buckets for p in b.params]
         cap = SMALL_BUCKETS_MB * 2**20
-        return (order == list(reversed(list(model.module.parameters()))),
-                [sum(p.numel() * 4 for p in b.params[:-1]) < cap for b in model.buckets],
-                len(model.buckets))
+        return (
+            order == list(reversed(list(model.module.parameters()))),
+            [sum(p.numel() * 4 for p in b.params[:-1]) < cap for b in model.buckets],
+            len(model.buckets),
+        )
 
     in_order, under_cap, n_buckets = run_ranks(layout, nprocs=1, quiet=True)[0]
     assert in_order and all(under_cap) and n_buckets > 1

@@ -3,6 +3,7 @@
 Every launch has a wall-clock limit (observe's and run_ranks' ``timeout``) and a short
 process-group timeout, so a regression fails a test instead of hanging the suite.
 """
+
 import os
 import re
 
@@ -10,12 +11,20 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distlab.chapters.debugging import (dying_rank_demo, hung_job_demo, late_rank_demo, metrics_demo,
-                                 observe, recorded_job_demo, replicas_demo, shapes_demo)
-from distlab.tools.debug import analyse_flight_recorder
+from distlab.chapters.debugging import (
+    dying_rank_demo,
+    hung_job_demo,
+    late_rank_demo,
+    metrics_demo,
+    observe,
+    recorded_job_demo,
+    replicas_demo,
+    shapes_demo,
+)
+from distlab.chapters.debugging_teardown import exit_demo
 from distlab.infra.launch import RankFailed, run_ranks, run_script
 from distlab.infra.paths import REPO_ROOT
-from distlab.chapters.debugging_teardown import exit_demo
+from distlab.tools.debug import analyse_flight_recorder
 
 T = 1.5  # the process-group timeout of these tests, in seconds
 LIMIT = 60  # no launch may take longer than this
@@ -43,8 +52,9 @@ def test_a_rank_that_dies_is_noticed_at_once_and_named_by_the_launcher():
 
 def test_detail_names_both_shapes_but_only_once_the_level_is_read_again(monkeypatch):
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
-    stale, reread = (observe(shapes_demo, T, again, pg_timeout=T, timeout=LIMIT, init_group=False).results
-                     for again in (False, True))
+    stale, reread = (
+        observe(shapes_demo, T, again, pg_timeout=T, timeout=LIMIT, init_group=False).results for again in (False, True)
+    )
     # set in this process after torch.distributed was imported: the forked ranks ignore it
     assert {seen["debug_level"] for seen in stale} == {"OFF"} and stale[0]["backend"] == "ProcessGroupGloo"
     assert "Timed out" in stale[0]["error"] and "TensorShape" not in stale[0]["error"]
@@ -147,8 +157,27 @@ def test_a_ddp_model_freed_before_the_group_exits_and_after_it_deadlocks():
 def test_labs_free_their_ddp_model_before_they_destroy_the_group(lab, tmp_path):
     # tests/freed_before_destroy.py fails destroy_process_group while any DDP model is alive;
     # --track-memory too, since the tracker's helper holds the model as well
-    args = ["--preset", "tiny", "--steps", "3", "--batch-size", "8", "--sample-chars", "0",
-            "--no-progress", "--eval-batches", "1", "--track-memory", "--out", str(tmp_path)]
-    run_script(REPO_ROOT / "tests" / "support" / "freed_before_destroy.py", [str(REPO_ROOT / "src" / "labs" / f"{lab}.py"), *args],
-               nprocs=2, timeout=LIMIT, quiet=True)
+    args = [
+        "--preset",
+        "tiny",
+        "--steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--sample-chars",
+        "0",
+        "--no-progress",
+        "--eval-batches",
+        "1",
+        "--track-memory",
+        "--out",
+        str(tmp_path),
+    ]
+    run_script(
+        REPO_ROOT / "tests" / "support" / "freed_before_destroy.py",
+        [str(REPO_ROOT / "src" / "labs" / f"{lab}.py"), *args],
+        nprocs=2,
+        timeout=LIMIT,
+        quiet=True,
+    )
     assert (tmp_path / "summary.json").exists()

@@ -1,5 +1,6 @@
 """The exercise checkers: a correct solution passes, and a typical wrong one fails with a
 message that names the problem. Each launch of ranks is a few seconds, under a timeout."""
+
 import contextlib
 import dataclasses
 import os
@@ -10,11 +11,18 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from distlab.exercises import (check_all_reduce, check_attention_only_policy, check_bf16_unit,
-                               check_kill_during_shard_writes, check_lockstep_broadcast, check_loads_ddp_state,
-                               check_sgd_exposes_missing_division, check_skips_sync)
-from distlab.scratch.fsdp import FlatShardUnit
+from distlab.exercises import (
+    check_all_reduce,
+    check_attention_only_policy,
+    check_bf16_unit,
+    check_kill_during_shard_writes,
+    check_loads_ddp_state,
+    check_lockstep_broadcast,
+    check_sgd_exposes_missing_division,
+    check_skips_sync,
+)
 from distlab.parallel import no_gradient_sync, save_ops_policy
+from distlab.scratch.fsdp import FlatShardUnit
 
 pytestmark = pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
 aten = torch.ops.aten
@@ -100,8 +108,7 @@ class Bf16Unit(FlatShardUnit):
     def __init__(self, *args):
         super().__init__(*args)
         # a bf16 leaf in place of the fp32 one: all-gathered and computed in bf16
-        self.full = torch.empty(self.full.numel(), dtype=torch.bfloat16, device=self.shard.device,
-                                requires_grad=True)
+        self.full = torch.empty(self.full.numel(), dtype=torch.bfloat16, device=self.shard.device, requires_grad=True)
         self.full.untyped_storage().resize_(0)
         self.full.register_post_accumulate_grad_hook(self._post_backward)
 
@@ -148,8 +155,9 @@ def never_sync(accelerator, model):
 
 
 def test_skips_sync_checker(capsys):
-    assert "3 reduce-scatters (1 per unit) instead of 12" in passes(check_skips_sync, skip_sync_until_last,
-                                                                     capsys=capsys)
+    assert "3 reduce-scatters (1 per unit) instead of 12" in passes(
+        check_skips_sync, skip_sync_until_last, capsys=capsys
+    )
     with pytest.raises(AssertionError, match="no reduce-scatter ran in the step"):
         check_skips_sync(never_sync)
     with pytest.raises(AssertionError, match="12 reduce-scatters in one step of 4 micro-batches, 4 per unit"):

@@ -1,22 +1,37 @@
 """Exact resume for labs 2-4, saves that survive a kill, and torchrun restarting a group
 that lost a rank. Every comparison is with a run that was never interrupted (fp32, CPU)."""
+
 import json
 from pathlib import Path
 
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
-from distlab.infra.paths import REPO_ROOT
+from distlab.chapters.fault_tolerance import kill_when_stalled, torchrun_killing_a_rank
 from distlab.checkpoint import inspect_checkpoint, latest, prune, resume_point
 from distlab.errors import UserError
-from distlab.chapters.fault_tolerance import kill_when_stalled, torchrun_killing_a_rank
 from distlab.infra.launch import RankFailed, run_script
+from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_metrics, read_summary
 
-FAST = ["--preset", "tiny", "--batch-size", "16", "--eval-every", "1000", "--eval-batches", "2",
-        "--sample-chars", "0", "--no-progress"]
-LABS = {"lab2_ddp.py": [], "lab3_grad_accum.py": ["--micro-batch-size", "4"],
-        "lab4_fsdp2.py": ["--micro-batch-size", "4"]}
+FAST = [
+    "--preset",
+    "tiny",
+    "--batch-size",
+    "16",
+    "--eval-every",
+    "1000",
+    "--eval-batches",
+    "2",
+    "--sample-chars",
+    "0",
+    "--no-progress",
+]
+LABS = {
+    "lab2_ddp.py": [],
+    "lab3_grad_accum.py": ["--micro-batch-size", "4"],
+    "lab4_fsdp2.py": ["--micro-batch-size", "4"],
+}
 
 
 def lab(name: str) -> str:
@@ -50,8 +65,13 @@ def test_resuming_reproduces_the_run_bit_for_bit(name, tmp_path):
 
 def test_only_the_newest_checkpoints_are_kept(tmp_path):
     out = tmp_path / "out"
-    run_script(lab("lab2_ddp.py"), [*FAST, "--steps", "5", "--checkpoint-every", "1",
-                                    "--keep-checkpoints", "2", "--out", out], nprocs=2, timeout=120, quiet=True)
+    run_script(
+        lab("lab2_ddp.py"),
+        [*FAST, "--steps", "5", "--checkpoint-every", "1", "--keep-checkpoints", "2", "--out", out],
+        nprocs=2,
+        timeout=120,
+        quiet=True,
+    )
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000004", "step_000005"]
 
 
@@ -74,8 +94,7 @@ def run_until_killed(args: list, marker: Path, timeout: float = 120) -> RankFail
     """Run the stalled lab on 2 ranks; SIGKILL rank 0 once it waits inside the save."""
     killer = kill_when_stalled(marker, timeout)
     with pytest.raises(RankFailed) as failed:
-        run_script(REPO_ROOT / "src" / "distlab" / "fault_injection.py", args, nprocs=2,
-                   timeout=timeout, quiet=True)
+        run_script(REPO_ROOT / "src" / "distlab" / "fault_injection.py", args, nprocs=2, timeout=timeout, quiet=True)
     killer.join()
     return failed.value
 
@@ -86,8 +105,9 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint(stall, tmp_path):
     from it must give the losses of a run that was never killed."""
     args = [*FAST, "--steps", "6", "--checkpoint-every", "2"]
     out, never_killed, marker = tmp_path / "out", tmp_path / "never_killed", tmp_path / "stalled"
-    failure = run_until_killed(["--stall", stall, "--save", "2", "--marker", marker,
-                                lab("lab2_ddp.py"), *args, "--out", out], marker)
+    failure = run_until_killed(
+        ["--stall", stall, "--save", "2", "--marker", marker, lab("lab2_ddp.py"), *args, "--out", out], marker
+    )
     assert failure.rank == 0 and ("-9" in failure.summary or "SIGKILL" in failure.summary), failure
 
     folder = out / "checkpoints"
@@ -109,8 +129,9 @@ def test_torchrun_restarts_the_group_after_a_rank_is_killed(tmp_path):
     group resumes (--resume auto) and ends with the losses of an uninterrupted run."""
     args = [*FAST, "--steps", "40", "--checkpoint-every", "10", "--resume", "auto"]
     out, never_killed = tmp_path / "out", tmp_path / "never_killed"
-    code, lines = torchrun_killing_a_rank(lab("lab2_ddp.py"), [*args, "--out", out],
-                                          after=out / "checkpoints" / "step_000010", rank=1)
+    code, lines = torchrun_killing_a_rank(
+        lab("lab2_ddp.py"), [*args, "--out", out], after=out / "checkpoints" / "step_000010", rank=1
+    )
     output = "\n".join(line for _, line in lines)
     assert code == 0, output[-3000:]
     assert "KILLED rank 1" in output and "exitcode: -9" in output, output[-3000:]

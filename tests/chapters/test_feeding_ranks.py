@@ -1,4 +1,5 @@
 """Feeding the ranks: DistributedSampler's exact rules, two loading strategies, mp.spawn."""
+
 import os
 import subprocess
 import sys
@@ -8,11 +9,19 @@ import torch
 import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
-from distlab.infra.paths import REPO_ROOT
+from distlab.chapters.feeding_ranks import (
+    both_strategies,
+    epoch_order,
+    expected_layout,
+    expected_shards,
+    sampler_epochs,
+    time_strategies,
+    try_spawn,
+    visit_counts,
+)
 from distlab.data import TokenData, load_corpus
-from distlab.chapters.feeding_ranks import (both_strategies, epoch_order, expected_layout, expected_shards,
-                             sampler_epochs, time_strategies, try_spawn, visit_counts)
 from distlab.infra.launch import run_ranks
+from distlab.infra.paths import REPO_ROOT
 
 SIZES = [(n, N) for n in range(1, 23) for N in range(1, 8)]
 
@@ -23,8 +32,7 @@ def test_the_rule_written_out_matches_the_sampler(shuffle, drop_last):
     """Pad from the start of the order (or cut its tail), then deal rank r positions r::N."""
     for n, N in SIZES:
         for epoch in (0, 3):
-            got = sampler_epochs(n, N, epochs=epoch + 1, shuffle=shuffle,
-                                 drop_last=drop_last)[epoch]
+            got = sampler_epochs(n, N, epochs=epoch + 1, shuffle=shuffle, drop_last=drop_last)[epoch]
             order = epoch_order(n, epoch, shuffle)
             assert got == expected_shards(order, N, drop_last), (n, N, epoch)
             layout = expected_layout(n, N, drop_last)
@@ -84,8 +92,8 @@ def test_strided_deal_keeps_the_global_batch_of_one_process():
     shards = sampler_epochs(n, N, drop_last=True)[0]
     single = sampler_epochs(n, 1)[0][0]
     for step in range(n // (b * N)):
-        union = sorted(i for s in shards for i in s[step * b:(step + 1) * b])
-        assert union == sorted(single[step * b * N:(step + 1) * b * N])
+        union = sorted(i for s in shards for i in s[step * b : (step + 1) * b])
+        assert union == sorted(single[step * b * N : (step + 1) * b * N])
 
 
 def feed_on_ranks():
@@ -103,17 +111,16 @@ def test_both_strategies_give_every_rank_the_same_rows_as_one_process():
             x_own, y_own, x_sc, y_sc = results[step]
             assert x_own.shape == (4, 32)
             assert torch.equal(x_own, x_sc) and torch.equal(y_own, y_sc)
-            assert torch.equal(x_own, x_one[rank * 4:(rank + 1) * 4])
-            assert torch.equal(y_own, y_one[rank * 4:(rank + 1) * 4])
-    for rank, _, timings in ranks:
+            assert torch.equal(x_own, x_one[rank * 4 : (rank + 1) * 4])
+            assert torch.equal(y_own, y_one[rank * 4 : (rank + 1) * 4])
+    for _rank, _, timings in ranks:
         for strategy in ("own_shard", "scatter"):
             assert len(timings[strategy][8]) == 3 and all(t > 0 for t in timings[strategy][8])
 
 
 def _run(cmd, timeout=150):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_spawn_example_and_torchrun_train_alike():
@@ -122,8 +129,20 @@ def test_the_spawn_example_and_torchrun_train_alike():
     assert spawned.returncode == 0, spawned.stderr[-2000:]
     lines = sorted(spawned.stdout.splitlines())
     assert [ln.split(":")[0] for ln in lines] == ["rank 0/2 (gloo, cpu)", "rank 1/2 (gloo, cpu)"]
-    launched = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                     "--nproc-per-node=2", script, "--steps", "3", "--device", "cpu"])
+    launched = _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            script,
+            "--steps",
+            "3",
+            "--device",
+            "cpu",
+        ]
+    )
     assert launched.returncode == 0, launched.stderr[-2000:]
     assert sorted(launched.stdout.splitlines()) == lines  # same data, same seed, same losses
 

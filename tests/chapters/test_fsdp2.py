@@ -1,5 +1,6 @@
 """FSDP2 on our GPT: shards, averaging, meta init, resharding, mixed precision, hybrid sharding,
 each checked against a single-process reference."""
+
 import pytest
 
 from distlab.chapters import fsdp2 as fi
@@ -7,10 +8,16 @@ from distlab.infra.launch import run_ranks
 
 
 def _two_rank_checks():
-    out = {"shards": fi.shard_table(), "grad_diff": fi.gradient_check(), "meta_diff": fi.meta_init_equals_plain(),
-           "alive": (fi.unsharded_between_forward_and_backward("tiny", True),
-                     fi.unsharded_between_forward_and_backward("tiny", False)),
-           "mp": fi.mixed_precision_dtypes()}
+    out = {
+        "shards": fi.shard_table(),
+        "grad_diff": fi.gradient_check(),
+        "meta_diff": fi.meta_init_equals_plain(),
+        "alive": (
+            fi.unsharded_between_forward_and_backward("tiny", True),
+            fi.unsharded_between_forward_and_backward("tiny", False),
+        ),
+        "mp": fi.mixed_precision_dtypes(),
+    }
     for strategy in ("ddp", "fsdp2", "fsdp2-no-reshard"):
         out[strategy] = fi.train(strategy, "tiny", steps=10)
     return out

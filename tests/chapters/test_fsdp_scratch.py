@@ -4,6 +4,7 @@ Process start-up dominates on 2 cores, so one launch per world size runs every v
 and every check, and the tests assert on what it returns. The 4-rank launch also shards
 over a group of 3 ranks, where no unit of the tiny GPT divides evenly (padding).
 """
+
 import math
 
 import pytest
@@ -11,10 +12,10 @@ import torch
 import torch.distributed as dist
 
 from distlab.data import TokenData, load_corpus
-from distlab.scratch.fsdp import shard_model, train, unit_parameters
 from distlab.infra.launch import run_ranks
 from distlab.memory import state_bytes
 from distlab.model import GPT, count_parameters, preset
+from distlab.scratch.fsdp import shard_model, train, unit_parameters
 
 SEED = 1337
 
@@ -32,8 +33,11 @@ def gathered_bytes(trace) -> dict:
     """Bytes of gathered (full) parameters when forward ends, during backward, at the end."""
     end_of_forward = next(e for e in trace if e.unit == "root" and e.what == "forward")
     backward = [e.gathered_bytes for e in trace if e.start >= end_of_forward.end]
-    return {"end_of_forward": end_of_forward.gathered_bytes, "backward_max": max(backward),
-            "after_backward": trace[-1].gathered_bytes}
+    return {
+        "end_of_forward": end_of_forward.gathered_bytes,
+        "backward_max": max(backward),
+        "after_backward": trace[-1].gathered_bytes,
+    }
 
 
 def shard_checks(global_batch: int, group=None) -> dict:
@@ -54,24 +58,29 @@ def shard_checks(global_batch: int, group=None) -> dict:
         fsdp = shard_model(model, reshard_after_forward=not keep, trace=trace, group=group)
         tied = []  # in forward the head's weight is the embedding's: one view of the root
 
-        def head_is_embedding(module, args):
+        def head_is_embedding(module, args, tied=tied, model=model):  # bound: this iteration's
             tied.append(module.weight is model.wte.weight)
+
         model.lm_head.register_forward_pre_hook(head_is_embedding)
         x, y = data.batch("train", 0, global_batch, 64, SEED, rank, n)  # this rank's rows
         model(x, y)[1].backward()
         out["gathered"][keep] = gathered_bytes(trace)
-    out["layout"] = {"names": [name for name, _ in model.named_parameters()],
-                     "shard_numel": sum(p.numel() for p in model.parameters()),
-                     "tied": tied == [True],
-                     # after backward no module points at freed memory
-                     "unset": model.wte.weight is None and model.blocks[0].mlp.fc.weight is None}
+    out["layout"] = {
+        "names": [name for name, _ in model.named_parameters()],
+        "shard_numel": sum(p.numel() for p in model.parameters()),
+        "tied": tied == [True],
+        # after backward no module points at freed memory
+        "unset": model.wte.weight is None and model.blocks[0].mlp.fc.weight is None,
+    }
     out["grads"] = {}
     for unit, (name, _, slots) in zip(fsdp.units, unit_parameters(reference)):
         flat = torch.cat([p.grad.reshape(-1) for p in slots] + [torch.zeros(unit.padding)])
         expected = flat.chunk(n)[rank]
-        out["grads"][name] = {"averaged": (unit.shard.grad - expected).abs().max().item(),
-                              "summed": (unit.shard.grad * n - expected).abs().max().item(),
-                              "largest": expected.abs().max().item()}
+        out["grads"][name] = {
+            "averaged": (unit.shard.grad - expected).abs().max().item(),
+            "summed": (unit.shard.grad * n - expected).abs().max().item(),
+            "largest": expected.abs().max().item(),
+        }
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     optimizer.step()
     out["state_bytes"] = state_bytes(model, optimizer)
@@ -81,8 +90,7 @@ def shard_checks(global_batch: int, group=None) -> dict:
 def everything_on_each_rank(steps: int, global_batch: int) -> dict:
     out = {"checks": shard_checks(global_batch)}
     out["scratch"] = train("scratch", steps, global_batch)["losses"]
-    out["scratch_keep"] = train("scratch", steps, global_batch,
-                                reshard_after_forward=False)["losses"]
+    out["scratch_keep"] = train("scratch", steps, global_batch, reshard_after_forward=False)["losses"]
     out["fsdp2"] = train("fsdp2", steps, global_batch)["losses"]
     if dist.get_world_size() == 4:
         three = dist.new_group([0, 1, 2])  # every rank must take part in creating it
@@ -131,9 +139,9 @@ def sharded_runs():
 
     def get(nprocs: int) -> list[dict]:
         if nprocs not in launched:
-            launched[nprocs] = run_ranks(everything_on_each_rank, nprocs=nprocs, args=(10, 16),
-                                         quiet=True, timeout=300)
+            launched[nprocs] = run_ranks(everything_on_each_rank, nprocs=nprocs, args=(10, 16), quiet=True, timeout=300)
         return launched[nprocs]
+
     return get
 
 

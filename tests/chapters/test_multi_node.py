@@ -5,6 +5,7 @@ machines are not real. The losses of a run are compared with lab 1's baseline (o
 the whole batch) with the tolerance tests/test_lab2_lab3.py uses for 2 ranks on one node:
 relative 1e-5 per step.
 """
+
 import json
 import os
 import socket
@@ -15,15 +16,38 @@ from pathlib import Path
 
 import pytest
 
+from distlab.chapters.multi_node import (
+    EMULATED_SLURM,
+    SBATCH_SCRIPT,
+    _alive,
+    free_port,
+    run_nodes,
+    run_sbatch_emulated,
+    sbatch_directives,
+    torchrun_command,
+)
 from distlab.infra.launch import LaunchTimeout, PortInUse
-from support.labs import BASELINE
 from distlab.metrics import read_metrics, read_summary
-from distlab.chapters.multi_node import (EMULATED_SLURM, SBATCH_SCRIPT, _alive, free_port, run_nodes,
-                               run_sbatch_emulated, sbatch_directives, torchrun_command)
+from support.labs import BASELINE
 
 STEPS = 4  # the baseline's warm-up covers its first 20 steps, so its first 4 losses are a 4-step run's
-LAB2_ARGS = ["--preset", "tiny", "--steps", STEPS, "--batch-size", "16", "--seed", "1337",
-             "--eval-every", "1000", "--eval-batches", "2", "--sample-chars", "0", "--no-progress"]
+LAB2_ARGS = [
+    "--preset",
+    "tiny",
+    "--steps",
+    STEPS,
+    "--batch-size",
+    "16",
+    "--seed",
+    "1337",
+    "--eval-every",
+    "1000",
+    "--eval-batches",
+    "2",
+    "--sample-chars",
+    "0",
+    "--no-progress",
+]
 
 
 def losses(out: Path) -> list[float]:
@@ -32,8 +56,13 @@ def losses(out: Path) -> list[float]:
 
 def test_two_nodes_train_like_one_process(tmp_path):
     port = free_port()
-    node = torchrun_command(["src/labs/lab2_ddp.py", *LAB2_ARGS, "--out", tmp_path], nnodes=2,
-                            nproc_per_node=1, endpoint=f"127.0.0.1:{port}", run_id="two-nodes")
+    node = torchrun_command(
+        ["src/labs/lab2_ddp.py", *LAB2_ARGS, "--out", tmp_path],
+        nnodes=2,
+        nproc_per_node=1,
+        endpoint=f"127.0.0.1:{port}",
+        run_id="two-nodes",
+    )
     a, b = run_nodes([node, node], timeout=120, port=port, env={"OMP_NUM_THREADS": "1"})  # 2 ranks, 2 cores
     assert (a.returncode, b.returncode) == (0, 0), a.stderr[-2000:] + b.stderr[-2000:]
     assert read_summary(tmp_path)["world_size"] == 2
@@ -46,18 +75,25 @@ def test_the_rendezvous_assigns_node_ranks_and_master_addr(tmp_path):
     port = free_port()
     common = dict(nnodes=2, nproc_per_node=2, endpoint=f"127.0.0.1:{port}", run_id="anatomy")
     a = torchrun_command(["-m", "distlab.chapters.multi_node"], **common, extra=["--node-rank=0"])
-    b = torchrun_command(["-m", "distlab.chapters.multi_node"], **common, extra=["--node-rank=1", "--local-addr=127.0.0.1"])
+    b = torchrun_command(
+        ["-m", "distlab.chapters.multi_node"], **common, extra=["--node-rank=1", "--local-addr=127.0.0.1"]
+    )
     # MASTER_ADDR/PORT exported to torchrun do not reach the workers: torchrun sets its own
-    nodes = run_nodes([a, b], timeout=60, port=port, first_alone=True,
-                      env={"MASTER_ADDR": "203.0.113.9", "MASTER_PORT": "1"})
+    nodes = run_nodes(
+        [a, b], timeout=60, port=port, first_alone=True, env={"MASTER_ADDR": "203.0.113.9", "MASTER_PORT": "1"}
+    )
     assert [n.returncode for n in nodes] == [0, 0], nodes[0].stderr + nodes[1].stderr
     seen = [[json.loads(line) for line in n.stdout.splitlines()] for n in nodes]
     group_ranks = [{w["GROUP_RANK"] for w in workers} for workers in seen]
     assert group_ranks == [{"1"}, {"0"}]  # by sorted address: --node-rank is ignored ...
     assert "node_rank is only used for static rdzv_backend" in nodes[1].stderr  # ... with a warning
     workers = sorted((w for ws in seen for w in ws), key=lambda w: int(w["RANK"]))
-    assert [(w["RANK"], w["GROUP_RANK"], w["LOCAL_RANK"]) for w in workers] == \
-        [("0", "0", "0"), ("1", "0", "1"), ("2", "1", "0"), ("3", "1", "1")]
+    assert [(w["RANK"], w["GROUP_RANK"], w["LOCAL_RANK"]) for w in workers] == [
+        ("0", "0", "0"),
+        ("1", "0", "1"),
+        ("2", "1", "0"),
+        ("3", "1", "1"),
+    ]
     assert {(w["WORLD_SIZE"], w["LOCAL_WORLD_SIZE"], w["GROUP_WORLD_SIZE"]) for w in workers} == {("4", "2", "2")}
     # the workers' store: on node rank 0, at its --local-addr, on a port of its own
     assert {w["MASTER_ADDR"] for w in workers} == {"127.0.0.1"}
@@ -68,9 +104,14 @@ def test_the_rendezvous_assigns_node_ranks_and_master_addr(tmp_path):
 
 def test_a_node_that_never_arrives_fails_in_seconds():
     port = free_port()
-    lonely = torchrun_command(["-m", "distlab.chapters.multi_node"], nnodes=2, nproc_per_node=1,
-                              endpoint=f"127.0.0.1:{port}", run_id="lonely",
-                              extra=["--rdzv-conf=join_timeout=1"])
+    lonely = torchrun_command(
+        ["-m", "distlab.chapters.multi_node"],
+        nnodes=2,
+        nproc_per_node=1,
+        endpoint=f"127.0.0.1:{port}",
+        run_id="lonely",
+        extra=["--rdzv-conf=join_timeout=1"],
+    )
     (node,) = run_nodes([lonely], timeout=60, port=port)
     assert node.returncode != 0
     assert node.last_line() == "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError"
@@ -82,11 +123,14 @@ def test_a_timeout_kills_processes_in_sessions_of_their_own(tmp_path):
     """torchrun starts each worker in a new session; the stand-in here does the same, and
     the timeout must still reach it."""
     pid_file = tmp_path / "grandchild.pid"
-    parent = [sys.executable, "-c",
-              "import subprocess, sys, time\n"
-              "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
-              f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
-              "time.sleep(300)\n"]
+    parent = [
+        sys.executable,
+        "-c",
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(300)\n",
+    ]
     start = time.monotonic()
     with pytest.raises(LaunchTimeout, match="every process of every node was killed"):
         run_nodes([parent], timeout=3)
@@ -99,14 +143,18 @@ def test_a_taken_rendezvous_port_is_refused(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        node = torchrun_command(["-m", "distlab.chapters.multi_node"], nnodes=2, nproc_per_node=1,
-                                endpoint=f"127.0.0.1:{port}", run_id="taken")
+        node = torchrun_command(
+            ["-m", "distlab.chapters.multi_node"],
+            nnodes=2,
+            nproc_per_node=1,
+            endpoint=f"127.0.0.1:{port}",
+            run_id="taken",
+        )
         with pytest.raises(PortInUse):
             run_nodes([node, node], timeout=30, port=port)
         # the batch script checks too, on the first node, before any srun
         log = tmp_path / "srun.log"
-        job = run_sbatch_emulated(["--steps", "1"], port=port, timeout=30,
-                                  env={"SRUN_LOG": str(log)}, check_port=False)
+        job = run_sbatch_emulated(["--steps", "1"], port=port, timeout=30, env={"SRUN_LOG": str(log)}, check_port=False)
     assert job.returncode == 1
     assert f"error: port {port} on localhost is in use" in job.stderr
     assert not log.exists()  # no srun ran
@@ -117,24 +165,48 @@ def test_the_batch_script_parses():
     proc = subprocess.run(["bash", "-n", str(SBATCH_SCRIPT)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert sbatch_directives() == {
-        "job-name": "lab2-ddp", "nodes": "2", "ntasks-per-node": "1", "gpus-per-node": "8",
-        "cpus-per-task": "64", "time": "01:00:00", "output": "%x-%j.out"}
+        "job-name": "lab2-ddp",
+        "nodes": "2",
+        "ntasks-per-node": "1",
+        "gpus-per-node": "8",
+        "cpus-per-task": "64",
+        "time": "01:00:00",
+        "output": "%x-%j.out",
+    }
     for shim in ("srun", "scontrol"):
         assert os.access(EMULATED_SLURM / shim, os.X_OK), f"{shim} stand-in is not executable"
 
 
 def test_the_batch_script_trains_lab_2_on_emulated_nodes(tmp_path):
     port, log = free_port(), tmp_path / "srun.log"
-    job = run_sbatch_emulated([*LAB2_ARGS, "--out", tmp_path / "run"], port=port, timeout=120,
-                              env={"NPROC_PER_NODE": "1", "OMP_NUM_THREADS": "1", "SRUN_LOG": str(log)})
+    job = run_sbatch_emulated(
+        [*LAB2_ARGS, "--out", tmp_path / "run"],
+        port=port,
+        timeout=120,
+        env={"NPROC_PER_NODE": "1", "OMP_NUM_THREADS": "1", "SRUN_LOG": str(log)},
+    )
     assert job.returncode == 0, job.stderr[-3000:]
     assert losses(tmp_path / "run") == pytest.approx(BASELINE["losses"][:STEPS], rel=1e-5)
     # one preflight line per node, then one torchrun per node with the job's rendezvous
-    assert sorted(line.split(":")[0] for line in job.stdout.splitlines() if line.startswith("node ")) == ["node 0", "node 1"]
+    assert sorted(line.split(":")[0] for line in job.stdout.splitlines() if line.startswith("node ")) == [
+        "node 0",
+        "node 1",
+    ]
     preflight, launch = log.read_text().splitlines()
     assert preflight.startswith("--ntasks-per-node=1 bash -c ")
     assert launch.split() == [
-        "--ntasks-per-node=1", "--cpus-per-task=64", "--kill-on-bad-exit=1",
-        "torchrun", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=localhost:{port}", f"--rdzv-id={port}", "--rdzv-conf=join_timeout=300",
-        "src/labs/lab2_ddp.py", *map(str, LAB2_ARGS), "--out", str(tmp_path / "run")]  # lab options as given
+        "--ntasks-per-node=1",
+        "--cpus-per-task=64",
+        "--kill-on-bad-exit=1",
+        "torchrun",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=localhost:{port}",
+        f"--rdzv-id={port}",
+        "--rdzv-conf=join_timeout=300",
+        "src/labs/lab2_ddp.py",
+        *map(str, LAB2_ARGS),
+        "--out",
+        str(tmp_path / "run"),
+    ]  # lab options as given

@@ -1,5 +1,6 @@
 """The memory calculator: the ZeRO paper's numbers, the static page's arithmetic, and bytes
 measured on real DDP and FSDP2 ranks."""
+
 import itertools
 import json
 import re
@@ -8,15 +9,28 @@ import subprocess
 import pytest
 import torch
 
-from distlab.infra.launch import run_ranks
 from distlab.chapters.activation_checkpointing import checkpoint_blocks
+from distlab.infra.launch import run_ranks
 from distlab.memory import saved_activation_bytes
+from distlab.model import GPT, count_parameters, preset
 from distlab.tools.calculator_page import calculator_html, calculator_widget, format_bytes, format_estimate
 from distlab.tools.memory_calculator import (
-    GB, MODELS, OPTIMIZERS, PAPER_DP, PAPER_TABLE_1, STRATEGIES, DTYPES, activation_bytes,
-    agrees_with_print, calculator_data, estimate, exact_adamw_state_bytes,
-    measure_one_step, per_rank_bytes, zero_paper_bytes)
-from distlab.model import GPT, count_parameters, preset
+    DTYPES,
+    GB,
+    MODELS,
+    OPTIMIZERS,
+    PAPER_DP,
+    PAPER_TABLE_1,
+    STRATEGIES,
+    activation_bytes,
+    agrees_with_print,
+    calculator_data,
+    estimate,
+    exact_adamw_state_bytes,
+    measure_one_step,
+    per_rank_bytes,
+    zero_paper_bytes,
+)
 
 STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 
@@ -42,8 +56,7 @@ def test_every_cell_of_the_papers_table_1_to_its_printed_digits():
 
 def test_figure_1_example_and_the_papers_gb_is_1e9_bytes():
     figure_1 = [per_rank_bytes(7.5e9, 64, "bf16_mixed", "adamw", STAGES[s])["total"] for s in range(4)]
-    assert [agrees_with_print(b / GB, p) for b, p in zip(figure_1, ["120", "31.4", "16.6", "1.88"])] \
-        == ["rounded"] * 4
+    assert [agrees_with_print(b / GB, p) for b, p in zip(figure_1, ["120", "31.4", "16.6", "1.88"])] == ["rounded"] * 4
     assert agrees_with_print(figure_1[0] / 2**30, "120") is None  # GiB would print 111.8
 
 
@@ -71,15 +84,18 @@ def test_hybrid_with_g_equal_n_is_zero3_and_with_g_1_is_ddp():
     assert per_rank_bytes(1e9, 64, strategy="hybrid", group_size=8) == per_rank_bytes(1e9, 8, strategy="zero3")
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"ranks": 0}, "ranks must be a whole number >= 1"),
-    ({"ranks": 2.5}, "ranks must be a whole number >= 1"),
-    ({"ranks": 8, "strategy": "hybrid", "group_size": 3}, "group size g that divides"),
-    ({"ranks": 8, "strategy": "hybrid"}, "group size g that divides"),
-    ({"ranks": 8, "strategy": "zero4"}, "unknown strategy 'zero4'; choose one of ddp, zero1"),
-    ({"ranks": 8, "dtype": "fp8"}, "unknown dtype"),
-    ({"ranks": 8, "optimizer": "lion"}, "unknown optimizer"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"ranks": 0}, "ranks must be a whole number >= 1"),
+        ({"ranks": 2.5}, "ranks must be a whole number >= 1"),
+        ({"ranks": 8, "strategy": "hybrid", "group_size": 3}, "group size g that divides"),
+        ({"ranks": 8, "strategy": "hybrid"}, "group size g that divides"),
+        ({"ranks": 8, "strategy": "zero4"}, "unknown strategy 'zero4'; choose one of ddp, zero1"),
+        ({"ranks": 8, "dtype": "fp8"}, "unknown dtype"),
+        ({"ranks": 8, "optimizer": "lion"}, "unknown optimizer"),
+    ],
+)
 def test_bad_input_says_what_is_wrong(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         per_rank_bytes(1e9, **kwargs)
@@ -110,18 +126,38 @@ def js_style(data: dict, inp: dict) -> dict:
 
 def grid():
     for model, ranks, dtype, opt, strategy in itertools.product(
-            [*MODELS, "custom"], [1, 2, 3, 8, 64, 1024], DTYPES, OPTIMIZERS, STRATEGIES):
-        for group in ([g for g in (1, 2, 4) if ranks % g == 0] if strategy == "hybrid" else [None]):
+        [*MODELS, "custom"], [1, 2, 3, 8, 64, 1024], DTYPES, OPTIMIZERS, STRATEGIES
+    ):
+        for group in [g for g in (1, 2, 4) if ranks % g == 0] if strategy == "hybrid" else [None]:
             cfg = MODELS.get(model, {}).get("config")
             for ac, batch, seq in [(False, 1, 1), (True, 3, cfg.block_size if cfg else 1), (True, 8, 17)]:
-                yield {"model": model, "customParams": 3.3e9, "ranks": ranks, "group": group, "dtype": dtype,
-                       "optimizer": opt, "strategy": strategy, "ac": ac, "batch": batch, "seq": seq}
+                yield {
+                    "model": model,
+                    "customParams": 3.3e9,
+                    "ranks": ranks,
+                    "group": group,
+                    "dtype": dtype,
+                    "optimizer": opt,
+                    "strategy": strategy,
+                    "ac": ac,
+                    "batch": batch,
+                    "seq": seq,
+                }
 
 
 def python_estimate(inp):
     model = inp["model"] if inp["model"] != "custom" else inp["customParams"]
-    return estimate(model, inp["ranks"], inp["dtype"], inp["optimizer"], inp["strategy"], inp["group"],
-                    micro_batch=inp["batch"], seq_len=inp["seq"], activation_checkpointing=inp["ac"])
+    return estimate(
+        model,
+        inp["ranks"],
+        inp["dtype"],
+        inp["optimizer"],
+        inp["strategy"],
+        inp["group"],
+        micro_batch=inp["batch"],
+        seq_len=inp["seq"],
+        activation_checkpointing=inp["ac"],
+    )
 
 
 def test_exported_table_reproduces_the_python_formulas_exactly():
@@ -138,8 +174,10 @@ def test_the_pages_own_script_under_node_gives_the_python_numbers():
     payload = re.search(r'<script type="application/json" id="distlab-memcalc-data">(.*?)</script>', html).group(1)
     assert json.loads(payload) == calculator_data()
     inputs = list(grid())[::37]
-    program = (script + f"\nconst data = {payload};\nconst inputs = {json.dumps(inputs)};\n"
-               "console.log(JSON.stringify(inputs.map((i) => perRankBytes(data, i))));")
+    program = (
+        script + f"\nconst data = {payload};\nconst inputs = {json.dumps(inputs)};\n"
+        "console.log(JSON.stringify(inputs.map((i) => perRankBytes(data, i))));"
+    )
     node = subprocess.run(["node", "-e", program], capture_output=True, text=True, timeout=60)
     assert node.returncode == 0, node.stderr
     assert json.loads(node.stdout) == [python_estimate(i) for i in inputs]
@@ -158,24 +196,46 @@ console.log(out.textContent || out.innerHTML);
 """
 
 
-@pytest.mark.parametrize("values,expected", [
-    ({"model": "paper_7.5b", "ranks": 64, "strategy": "zero1"}, "<b>31.4 GB</b>"),
-    ({"model": "gpt2", "ranks": 8, "strategy": "zero3", "ac": True, "seq": 1024}, None),
-    ({"model": "tiny", "ranks": 8, "strategy": "hybrid", "group": 3}, "hybrid sharding needs a group size g"),
-    ({"model": "tiny", "seq": 65}, "sequence length from 1 to 64"),
-])
+@pytest.mark.parametrize(
+    "values,expected",
+    [
+        ({"model": "paper_7.5b", "ranks": 64, "strategy": "zero1"}, "<b>31.4 GB</b>"),
+        ({"model": "gpt2", "ranks": 8, "strategy": "zero3", "ac": True, "seq": 1024}, None),
+        ({"model": "tiny", "ranks": 8, "strategy": "hybrid", "group": 3}, "hybrid sharding needs a group size g"),
+        ({"model": "tiny", "seq": 65}, "sequence length from 1 to 64"),
+    ],
+)
 def test_the_page_script_renders_the_python_total_or_says_what_is_wrong(values, expected):
-    form = {"model": "tiny", "custom": 7.5, "ranks": 8, "group": 4, "dtype": "bf16_mixed", "optimizer": "adamw",
-            "strategy": "ddp", "ac": False, "batch": 8, "seq": 64} | values
+    form = {
+        "model": "tiny",
+        "custom": 7.5,
+        "ranks": 8,
+        "group": 4,
+        "dtype": "bf16_mixed",
+        "optimizer": "adamw",
+        "strategy": "ddp",
+        "ac": False,
+        "batch": 8,
+        "seq": 64,
+    } | values
     html = calculator_html()
     script = re.search(r"<script>(.*?)</script>", html, re.S).group(1)
     payload = json.dumps(json.dumps(calculator_data()))
-    node = subprocess.run(["node", "-e", FAKE_PAGE % (json.dumps(form), payload, script)],
-                          capture_output=True, text=True, timeout=60)
+    node = subprocess.run(
+        ["node", "-e", FAKE_PAGE % (json.dumps(form), payload, script)], capture_output=True, text=True, timeout=60
+    )
     assert node.returncode == 0, node.stderr
     if expected is None:  # the total the Python calculator gives for the same inputs
-        est = estimate(form["model"], form["ranks"], form["dtype"], form["optimizer"], form["strategy"],
-                       micro_batch=form["batch"], seq_len=form["seq"], activation_checkpointing=form["ac"])
+        est = estimate(
+            form["model"],
+            form["ranks"],
+            form["dtype"],
+            form["optimizer"],
+            form["strategy"],
+            micro_batch=form["batch"],
+            seq_len=form["seq"],
+            activation_checkpointing=form["ac"],
+        )
         expected = f"<b>{format_bytes(est['total'])}</b>"
     assert expected in node.stdout
 
@@ -212,8 +272,11 @@ def test_measured_ddp_and_fsdp2_bytes_are_predicted_exactly(world_size):
     for rank, got in enumerate(ranks):
         for kind, fsdp2 in (("ddp", False), ("fsdp2", True)):
             for view, storage in (("counted", False), ("allocated", True)):
-                assert got[kind][view] == exact_adamw_state_bytes(shapes, world_size, rank, fsdp2, storage), \
-                    (rank, kind, view)
+                assert got[kind][view] == exact_adamw_state_bytes(shapes, world_size, rank, fsdp2, storage), (
+                    rank,
+                    kind,
+                    view,
+                )
         # the calculator's 16 bytes per parameter, divided by N under ZeRO-3, misses only the
         # 4-byte step counters and FSDP2's uneven split of rows
         assert got["ddp"]["counted"]["total"] == per_rank_bytes(n_params, world_size)["total"] + 4 * len(shapes)

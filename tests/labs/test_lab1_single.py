@@ -1,15 +1,15 @@
 """Lab 1 as a user runs it: files written, losses on baseline, bad input refused in one line."""
+
 import hashlib
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 from distlab.infra.paths import REPO_ROOT
-from support.labs import BASELINES, run_lab
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import GPT, preset
+from support.labs import BASELINES, run_lab
 
 BASELINE = BASELINES / "lab1_tiny_fp32.json"
 
@@ -30,9 +30,20 @@ def test_writes_metrics_and_summary(tiny_run):
     assert {"loss", "lr", "grad_norm", "tokens_per_s", "step_s"} <= metrics[0].keys()
     assert "val_loss" in metrics[-1]
     summary = read_summary(out)
-    for key in ("preset", "strategy", "world_size", "steps", "global_batch", "tokens_per_s",
-                "final_train_loss", "final_val_loss", "parameters", "state_bytes_per_rank",
-                "achieved_flops_per_s", "mfu"):
+    for key in (
+        "preset",
+        "strategy",
+        "world_size",
+        "steps",
+        "global_batch",
+        "tokens_per_s",
+        "final_train_loss",
+        "final_val_loss",
+        "parameters",
+        "state_bytes_per_rank",
+        "achieved_flops_per_s",
+        "mfu",
+    ):
         assert key in summary, key
     assert (summary["preset"], summary["strategy"], summary["world_size"]) == ("tiny", "single", 1)
     assert summary["final_train_loss"] == metrics[-1]["loss"]
@@ -62,15 +73,18 @@ def test_progress_and_results_are_printed(tiny_run):
     assert "tokens/s" in proc.stdout and "MFU" in proc.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--preset", "huge"], "unknown preset 'huge'"),
-    (["--steps", "-1"], "--steps must be 0 or more"),
-    (["--batch-size", "-4"], "--batch-size must be positive"),
-    (["--steps", "many"], "invalid int value"),
-    (["--dtype", "fp8"], "unknown dtype"),
-    (["--data", "/no/such/file.txt"], "does not exist"),
-    (["--lr", "1e10"], "loss is nan"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--preset", "huge"], "unknown preset 'huge'"),
+        (["--steps", "-1"], "--steps must be 0 or more"),
+        (["--batch-size", "-4"], "--batch-size must be positive"),
+        (["--steps", "many"], "invalid int value"),
+        (["--dtype", "fp8"], "unknown dtype"),
+        (["--data", "/no/such/file.txt"], "does not exist"),
+        (["--lr", "1e10"], "loss is nan"),
+    ],
+)
 def test_bad_input_ends_with_one_line_and_nonzero_exit(args, message, tmp_path):
     proc = run_lab("lab1_single.py", "--steps", "5", "--no-progress", "--out", tmp_path, *args)
     assert proc.returncode != 0
@@ -94,17 +108,33 @@ def test_help_lists_every_flag_with_its_comment():
 
 
 def test_bf16_autocast_runs(tmp_path):
-    proc = run_lab("lab1_single.py", "--steps", "3", "--dtype", "bf16", "--no-progress",
-                   "--sample-chars", "0", "--out", tmp_path)
+    proc = run_lab(
+        "lab1_single.py", "--steps", "3", "--dtype", "bf16", "--no-progress", "--sample-chars", "0", "--out", tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     summary = read_summary(tmp_path)
     assert summary["dtype"] == "bf16" and math.isfinite(summary["final_train_loss"])
 
 
 def test_shakespeare_preset_trains_and_its_loss_falls(tmp_path):
-    proc = run_lab("lab1_single.py", "--preset", "shakespeare", "--steps", "8", "--batch-size", "4",
-                   "--warmup-steps", "2", "--eval-batches", "1", "--sample-chars", "0",
-                   "--no-progress", "--out", tmp_path)
+    proc = run_lab(
+        "lab1_single.py",
+        "--preset",
+        "shakespeare",
+        "--steps",
+        "8",
+        "--batch-size",
+        "4",
+        "--warmup-steps",
+        "2",
+        "--eval-batches",
+        "1",
+        "--sample-chars",
+        "0",
+        "--no-progress",
+        "--out",
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     losses = [m["loss"] for m in read_metrics(tmp_path)]
     assert read_summary(tmp_path)["parameters"] == 10_770_816

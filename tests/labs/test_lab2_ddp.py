@@ -1,26 +1,25 @@
 """Labs 2 and 3 under torchrun: N ranks with B/N rows train like lab 1 with B rows."""
-import json
-import os
+
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from distlab.infra.paths import REPO_ROOT
-from support.labs import BASELINE, run_lab, torchrun
 from distlab.infra.labdiff import changed_lines
 from distlab.infra.launch import PortInUse, RankFailed, run_script
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import GPT, preset
+from support.labs import BASELINE, run_lab, torchrun
 
-@pytest.mark.parametrize("script,extra", [
-    ("lab2_ddp.py", []),
-    ("lab3_grad_accum.py", ["--micro-batch-size", "4"]),  # 16 / (2 ranks x 4) = 2 micro-batches
-    ("lab3_grad_accum.py", ["--micro-batch-size", "2"]),  # 4 micro-batches
-])
+
+@pytest.mark.parametrize(
+    "script,extra",
+    [
+        ("lab2_ddp.py", []),
+        ("lab3_grad_accum.py", ["--micro-batch-size", "4"]),  # 16 / (2 ranks x 4) = 2 micro-batches
+        ("lab3_grad_accum.py", ["--micro-batch-size", "2"]),  # 4 micro-batches
+    ],
+)
 def test_two_ranks_match_lab_1(script, extra, tmp_path):
     proc = torchrun(script, 2, *BASELINE["args"], *extra, "--out", tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -46,11 +45,14 @@ def test_lab2_without_torchrun_is_lab_1(tmp_path):
     assert [m["loss"] for m in read_metrics(tmp_path)] == pytest.approx(BASELINE["losses"], rel=1e-5)
 
 
-@pytest.mark.parametrize("script,args,message", [
-    ("lab3_grad_accum.py", ["--micro-batch-size", "3"], "is not a multiple of 2 ranks x --micro-batch-size 3"),
-    ("lab2_ddp.py", ["--batch-size", "15"], "--batch-size 15 does not split over 2 ranks"),
-    ("lab2_ddp.py", ["--batch-size", "1"], "--batch-size 1 does not split over 2 ranks"),  # more ranks than rows
-])
+@pytest.mark.parametrize(
+    "script,args,message",
+    [
+        ("lab3_grad_accum.py", ["--micro-batch-size", "3"], "is not a multiple of 2 ranks x --micro-batch-size 3"),
+        ("lab2_ddp.py", ["--batch-size", "15"], "--batch-size 15 does not split over 2 ranks"),
+        ("lab2_ddp.py", ["--batch-size", "1"], "--batch-size 1 does not split over 2 ranks"),  # more ranks than rows
+    ],
+)
 def test_impossible_batches_are_refused_on_every_rank(script, args, message, tmp_path):
     proc = torchrun(script, 2, "--steps", "2", "--out", tmp_path, *args, timeout=120)
     assert proc.returncode != 0
@@ -61,8 +63,9 @@ def test_impossible_batches_are_refused_on_every_rank(script, args, message, tmp
 
 def test_a_failing_rank_ends_the_run_with_its_error():
     with pytest.raises(RankFailed, match="does not exist"):
-        run_script("src/labs/lab2_ddp.py", ["--steps", "2", "--data", "/no/such/file.txt"],
-                   nprocs=2, timeout=120, quiet=True)
+        run_script(
+            "src/labs/lab2_ddp.py", ["--steps", "2", "--data", "/no/such/file.txt"], nprocs=2, timeout=120, quiet=True
+        )
 
 
 def test_a_taken_port_is_refused_before_anything_starts():
@@ -77,8 +80,11 @@ def test_a_taken_port_is_refused_before_anything_starts():
 def test_lab_diffs_stay_small():
     """Each lab is the previous one plus one feature: the book shows the real diff, which
     must stay readable (STYLE: about 40 changed lines per step)."""
-    for old, new in [("lab2_ddp.py", "lab3_grad_accum.py"), ("lab3_grad_accum.py", "lab4_fsdp2.py"),
-                     ("lab4_fsdp2.py", "lab5_activation_ckpt.py")]:
+    for old, new in [
+        ("lab2_ddp.py", "lab3_grad_accum.py"),
+        ("lab3_grad_accum.py", "lab4_fsdp2.py"),
+        ("lab4_fsdp2.py", "lab5_activation_ckpt.py"),
+    ]:
         removed, added = changed_lines(old, new)
         assert removed + added <= 50, f"{old} -> {new}: {removed} removed, {added} added"
     # lab 2 brings two things lab 1 lacks: DDP, and the checkpoints every later lab resumes from

@@ -1,11 +1,11 @@
 """Lab 4 (lab 3 + FSDP2) under torchrun: losses equal lab 1's (and so DDP's); state per rank halves."""
+
 import pytest
 import torch
 
-from support.labs import run_lab
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import GPT, preset
-from support.labs import BASELINE, torchrun
+from support.labs import BASELINE, run_lab, torchrun
 
 
 @pytest.mark.parametrize("nprocs,micro", [(2, 4), (4, 2)])  # 2 micro-batches per step: no_gradient_sync runs

@@ -3,6 +3,7 @@
 
 The Accelerate chapter runs the three quiet fallbacks (no cpu=True, the FSDP plugin on
 CPU, ``accelerate launch --cpu``) and asserts that lab 6's checks catch them."""
+
 import os
 import subprocess
 import sys
@@ -12,18 +13,32 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from distlab.infra.paths import REPO_ROOT
-from support.labs import run_lab
-from support.labs import torchrun
 from distlab.accel import check_fsdp_request
 from distlab.errors import UserError
 from distlab.infra.launch import free_port
+from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import GPT, preset
+from support.labs import run_lab, torchrun
 
 # lab 2's first 10 steps on 2 ranks: --steps sets the LR schedule, so 10 is its own run
-TEN_STEPS = ["--preset", "tiny", "--steps", "10", "--batch-size", "16", "--seed", "1337",
-             "--eval-every", "10", "--eval-batches", "2", "--sample-chars", "0", "--no-progress"]
+TEN_STEPS = [
+    "--preset",
+    "tiny",
+    "--steps",
+    "10",
+    "--batch-size",
+    "16",
+    "--seed",
+    "1337",
+    "--eval-every",
+    "10",
+    "--eval-batches",
+    "2",
+    "--sample-chars",
+    "0",
+    "--no-progress",
+]
 
 
 def accelerate_launch(nprocs: int, *args, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -31,11 +46,30 @@ def accelerate_launch(nprocs: int, *args, timeout: float = 300) -> subprocess.Co
     port = free_port()
     multi = ["--multi_gpu"] if nprocs > 1 else []  # "multi_gpu" is its name for N local processes
     return subprocess.run(
-        [str(Path(sys.executable).parent / "accelerate"), "launch", *multi, "--num_processes", str(nprocs),
-         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-         "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
-         str(REPO_ROOT / "src" / "labs" / "lab6_accelerate.py"), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        [
+            str(Path(sys.executable).parent / "accelerate"),
+            "launch",
+            *multi,
+            "--num_processes",
+            str(nprocs),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            str(port),
+            str(REPO_ROOT / "src" / "labs" / "lab6_accelerate.py"),
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def losses(out) -> dict[int, float]:
@@ -62,8 +96,9 @@ def test_ddp_under_torchrun_and_accelerate_launch_equals_lab_2_and_resumes(lab2_
     assert summary["strategy"] == "accelerate-ddp+accumulation+ac-full"
     GPT(preset("tiny")).load_state_dict(torch.load(first / "model.pt"))  # no "module." prefix
     saved = first / "checkpoints" / "step_000005"
-    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl"} <= \
-        {f.name for f in saved.iterdir()}
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl"} <= {
+        f.name for f in saved.iterdir()
+    }
 
     # resumed into the same OUT: the first run's metrics are kept aside, not overwritten
     proc = accelerate_launch(2, *TEN_STEPS, "--resume", saved, "--out", first)
@@ -91,8 +126,10 @@ def test_fsdp_on_cpu_shards_by_hand_and_equals_lab_2(lab2_losses, tmp_path):
 
 def test_one_process_under_python_and_accelerate_launch_is_lab_2(lab2_losses, tmp_path):
     """One process with the whole batch (4 micro-batches of 4) trains like lab 2's 2 ranks."""
-    for name, run in [("python", lambda out: run_lab("lab6_accelerate.py", *TEN_STEPS, "--out", out)),
-                      ("accelerate", lambda out: accelerate_launch(1, *TEN_STEPS, "--out", out))]:
+    for name, run in [
+        ("python", lambda out: run_lab("lab6_accelerate.py", *TEN_STEPS, "--out", out)),
+        ("accelerate", lambda out: accelerate_launch(1, *TEN_STEPS, "--out", out)),
+    ]:
         proc = run(tmp_path / name)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert losses(tmp_path / name) == pytest.approx(lab2_losses, rel=1e-5), name
@@ -104,8 +141,8 @@ def test_fsdp_on_one_process_is_refused_with_one_line(tmp_path):
     proc = run_lab("lab6_accelerate.py", "--fsdp", "--steps", "1", "--out", tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        "lab6_accelerate.py: error: --fsdp shards over ranks and one process has none: "
-        "launch 2 or more, or drop --fsdp")
+        "lab6_accelerate.py: error: --fsdp shards over ranks and one process has none: launch 2 or more, or drop --fsdp"
+    )
 
 
 @pytest.mark.parametrize("option", [{"checkpoint_every": 5}, {"resume": "latest"}])

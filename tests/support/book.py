@@ -1,4 +1,5 @@
 """The pages of the book, as the table of contents lists them."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -5,6 +5,7 @@ with playwright, and record what a reader's browser would see on each page.
 request that tried to leave 127.0.0.1 (stopped before it leaves, and recorded), requests that
 failed, images that did not load, the page's links and element ids, and how wide the page is
 against the viewport. The tests in test_book_in_browser.py assert on these."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,9 +19,16 @@ from urllib.parse import urlsplit
 
 # Chromium's own background traffic (updates, sync, field trials) is off, so every request the
 # tests see comes from the page. See ../shared/PLATFORM.md.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}  # an iPhone 14's CSS pixels
 
@@ -31,7 +39,8 @@ def chromium_path() -> str:
     if not os.access(path, os.X_OK):
         raise RuntimeError(
             f"no Chromium at {path}: `make test` installs Debian's chromium, or run "
-            "`make test CHROMIUM=/path/to/chrome` (playwright's own browser download is not used)")
+            "`make test CHROMIUM=/path/to/chrome` (playwright's own browser download is not used)"
+        )
     return path
 
 
@@ -93,6 +102,7 @@ _READ_PAGE = r"""(width) => {
   const describe = (e) => e.tagName.toLowerCase() + (e.id ? "#" + e.id : "")
     + (typeof e.className === "string" && e.className ? "." + e.className.trim().split(/\s+/).join(".") : "")
     + ": " + JSON.stringify((e.textContent || "").trim().slice(0, 40));
+  const article = document.querySelector("article"), paragraph = document.querySelector("article p");
   return {
     broken: images.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.currentSrc || i.src),
     images: images.length,
@@ -100,8 +110,8 @@ _READ_PAGE = r"""(width) => {
     ids: Array.from(document.querySelectorAll("[id]")).map(e => e.id)
          .concat(Array.from(document.querySelectorAll("a[name]")).map(a => a.name)),
     scrollWidth: document.documentElement.scrollWidth,
-    articleWidth: document.querySelector("article") ? document.querySelector("article").getBoundingClientRect().width : 0,
-    textPx: document.querySelector("article p") ? parseFloat(getComputedStyle(document.querySelector("article p")).fontSize) : 0,
+    articleWidth: article ? article.getBoundingClientRect().width : 0,
+    textPx: paragraph ? parseFloat(getComputedStyle(paragraph).fontSize) : 0,
     wide: document.documentElement.scrollWidth > width + 1 ? wide.slice(0, 5).map(describe) : [],
   };
 }"""
@@ -118,8 +128,7 @@ def is_local(url: str) -> bool:
     return parts.scheme in ("data", "blob", "about") or parts.hostname == "127.0.0.1"
 
 
-def visit(context, url: str, views: dict[str, dict], screenshots: Path | None = None,
-          inspect=None) -> dict:
+def visit(context, url: str, views: dict[str, dict], screenshots: Path | None = None, inspect=None) -> dict:
     """Load `url` once in a new tab of `context` (a playwright BrowserContext) and record it at
     each viewport of `views` ({"desktop": {"width": .., "height": ..}, ...}; the page is resized,
     not reloaded), with a screenshot of each in `screenshots/<view>/`. Requests for other hosts
@@ -136,13 +145,18 @@ def visit(context, url: str, views: dict[str, dict], screenshots: Path | None = 
             r.abort()
 
     page.route("**/*", route)
-    page.on("console", lambda m: m.type == "error" and errors.console_errors.append(
-        f"{m.text} ({m.location.get('url', '')}:{m.location.get('lineNumber', '')})"))
+    page.on(
+        "console",
+        lambda m: (
+            m.type == "error"
+            and errors.console_errors.append(
+                f"{m.text} ({m.location.get('url', '')}:{m.location.get('lineNumber', '')})"
+            )
+        ),
+    )
     page.on("pageerror", lambda e: errors.page_errors.append(str(e)))
-    page.on("requestfailed", lambda r: is_local(r.url) and errors.failed_requests.append(
-        f"{r.url}: {r.failure}"))
-    page.on("response", lambda r: r.status >= 400 and errors.failed_requests.append(
-        f"{r.url}: HTTP {r.status}"))
+    page.on("requestfailed", lambda r: is_local(r.url) and errors.failed_requests.append(f"{r.url}: {r.failure}"))
+    page.on("response", lambda r: r.status >= 400 and errors.failed_requests.append(f"{r.url}: HTTP {r.status}"))
     seen = {}
     try:
         page.set_viewport_size(next(iter(views.values())))
@@ -152,13 +166,29 @@ def visit(context, url: str, views: dict[str, dict], screenshots: Path | None = 
             page.set_viewport_size(size)
             page.evaluate(_SETTLE)  # the sidebars slide when the width crosses a breakpoint
             read = page.evaluate(_READ_PAGE, size["width"])
-            record = Visit(url, errors.console_errors, errors.page_errors, errors.outside_requests,
-                           errors.failed_requests, read["broken"], read["images"], read["links"],
-                           set(read["ids"]), read["scrollWidth"], size["width"], read["wide"],
-                           read["articleWidth"], read["textPx"])
+            record = Visit(
+                url,
+                errors.console_errors,
+                errors.page_errors,
+                errors.outside_requests,
+                errors.failed_requests,
+                read["broken"],
+                read["images"],
+                read["links"],
+                set(read["ids"]),
+                read["scrollWidth"],
+                size["width"],
+                read["wide"],
+                read["articleWidth"],
+                read["textPx"],
+            )
             seen[view] = record
             if screenshots is not None:
-                shot = screenshots / view / (urlsplit(url).path.strip("/").removesuffix(".html").replace("/", "-") + ".png")
+                shot = (
+                    screenshots
+                    / view
+                    / (urlsplit(url).path.strip("/").removesuffix(".html").replace("/", "-") + ".png")
+                )
                 shot.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(shot))
         seen["facts"] = inspect(page) if inspect else None

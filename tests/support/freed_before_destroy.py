@@ -7,6 +7,7 @@ A DDP model that outlives the group destroys it later, from its reducer, with th
 gloo can deadlock there (the debugging chapter, "exit order"). The check finds every live DDP
 module with the garbage collector and names what still refers to it.
 """
+
 import gc
 import runpy
 import sys
@@ -22,8 +23,10 @@ def checked_destroy(*args, **kwargs):
     alive = [obj for obj in gc.get_objects() if isinstance(obj, DistributedDataParallel)]
     if alive:
         holders = {type(ref).__name__ for ref in gc.get_referrers(alive[0]) if ref is not alive}
-        raise RuntimeError(f"a DDP model is still alive when the process group is destroyed "
-                           f"(referred to by: {', '.join(sorted(holders))})")
+        raise RuntimeError(
+            f"a DDP model is still alive when the process group is destroyed "
+            f"(referred to by: {', '.join(sorted(holders))})"
+        )
     return destroy(*args, **kwargs)
 
 

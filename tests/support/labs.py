@@ -1,4 +1,5 @@
 """Running the lab scripts as a reader would, and the loss baseline they are held to."""
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,27 @@ def run_lab(script: str, *args, env: dict | None = None, timeout: float = 300) -
     """Run ``src/labs/<script>`` as a user would, in a subprocess; never raises on failure."""
     return subprocess.run(
         [sys.executable, str(LABS_DIR / script), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
 
 
 def torchrun(script: str, nprocs: int, *args, timeout: float = 300) -> subprocess.CompletedProcess:
     """`torchrun --standalone` as the README shows it (port 0: the OS picks a free one)."""
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
-         str(LABS_DIR / script), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nprocs}",
+            str(LABS_DIR / script),
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )

@@ -3,6 +3,7 @@ pipeline or lab 1's loop change on purpose, and say why in the commit.
 
     python tests/make_baseline.py
 """
+
 import json
 import os
 import subprocess
@@ -11,16 +12,32 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).parent
-ARGS = ["--preset", "tiny", "--steps", "20", "--batch-size", "16", "--seed", "1337",
-        "--eval-every", "20", "--eval-batches", "2", "--sample-chars", "40", "--no-progress"]
+ARGS = [
+    "--preset",
+    "tiny",
+    "--steps",
+    "20",
+    "--batch-size",
+    "16",
+    "--seed",
+    "1337",
+    "--eval-every",
+    "20",
+    "--eval-batches",
+    "2",
+    "--sample-chars",
+    "40",
+    "--no-progress",
+]
 
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE.parent / "src"))
     from distlab.metrics import read_metrics
 
     out = tempfile.mkdtemp()
-    subprocess.run([sys.executable, str(HERE.parent / "src/labs/lab1_single.py"), *ARGS, "--out", out],
-                   check=True, env=os.environ)
+    subprocess.run(
+        [sys.executable, str(HERE.parent / "src/labs/lab1_single.py"), *ARGS, "--out", out], check=True, env=os.environ
+    )
     baseline = {
         "description": "lab 1, tiny preset, fp32 on CPU: the first 20 training losses",
         "args": ARGS,

@@ -128,10 +128,20 @@ def test_batches_depend_on_step_and_seed():
 
 def test_batches_agree_across_processes_with_different_hash_seeds():
     """Python salts str hashes per process; every rank must still draw the same batch."""
-    code = ("from distlab.data import *; d = TokenData(load_corpus()); "
-            "print(d.batch('train', 3, 4, 8, seed=5)[0].sum().item())")
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": str(s)}).stdout for s in (1, 2)}
+    code = (
+        "from distlab.data import *; d = TokenData(load_corpus()); "
+        "print(d.batch('train', 3, 4, 8, seed=5)[0].sum().item())"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(s)},
+        ).stdout
+        for s in (1, 2)
+    }
     assert len(outs) == 1
 
 

@@ -1,4 +1,5 @@
 """The notebook launcher: results come back, failures raise, nothing hangs."""
+
 import os
 import threading
 import time

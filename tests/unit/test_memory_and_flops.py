@@ -4,8 +4,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from distlab.flops import flops_per_token, matmul_parameters, measured_peak_flops
-from distlab.memory import (activation_bytes_formula, adamw_state_bytes_formula,
-                            saved_activation_bytes, state_bytes)
+from distlab.memory import activation_bytes_formula, adamw_state_bytes_formula, saved_activation_bytes, state_bytes
 from distlab.model import GPT, PRESETS, count_parameters, preset
 
 

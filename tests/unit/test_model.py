@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from distlab.model import GPT, GPTConfig, PRESETS, count_parameters, parameter_formula, preset
+from distlab.model import GPT, PRESETS, GPTConfig, count_parameters, parameter_formula, preset
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

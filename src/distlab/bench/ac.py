@@ -11,6 +11,7 @@ with ``--ac none``, ``full`` and ``selective`` for tokens/s and losses. Results 
 ``--out`` (default ``results/ac_bench.json``) with their provenance; the activation
 checkpointing chapter reads that file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,16 +22,21 @@ from pathlib import Path
 
 import torch
 
-from distlab.chapters.activation_checkpointing import activation_memory, build, gradients
 from distlab.bench.provenance import provenance, write_result
+from distlab.chapters.activation_checkpointing import activation_memory, build, gradients
 from distlab.infra.launch import run_script
 from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import preset as model_preset
 
 # (label, mode, every): the points of the memory/time curve
-POLICIES = [("none", "none", 1), ("full, every 3rd block", "full", 3), ("full, every 2nd block", "full", 2),
-            ("full", "full", 1), ("selective", "selective", 1)]
+POLICIES = [
+    ("none", "none", 1),
+    ("full, every 3rd block", "full", 3),
+    ("full, every 2nd block", "full", 2),
+    ("full", "full", 1),
+    ("selective", "selective", 1),
+]
 
 
 def single_process(preset: str, batch: int, steps: int, warmup: int = 2) -> list[dict]:
@@ -44,12 +50,23 @@ def single_process(preset: str, batch: int, steps: int, warmup: int = 2) -> list
         model = build(preset, mode, every)
         grads = gradients(model, *small)
         diff = max((g - r).abs().max().item() for g, r in zip(grads, reference))
-        runs.append({"policy": label, "mode": mode, "every": every, "grad_max_abs_diff": diff,
-                     **activation_memory(model, idx, targets), "step_s": []})
+        runs.append(
+            {
+                "policy": label,
+                "mode": mode,
+                "every": every,
+                "grad_max_abs_diff": diff,
+                **activation_memory(model, idx, targets),
+                "step_s": [],
+            }
+        )
         models.append(model)
         optimizers.append(torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True))
-        print(f"{label:24} saved {runs[-1]['saved'] / 1e6:8.1f} MB  peak {runs[-1]['peak'] / 1e6:8.1f} MB  "
-              f"gradient difference {diff:.1e}", flush=True)
+        print(
+            f"{label:24} saved {runs[-1]['saved'] / 1e6:8.1f} MB  peak {runs[-1]['peak'] / 1e6:8.1f} MB  "
+            f"gradient difference {diff:.1e}",
+            flush=True,
+        )
     for step in range(warmup + steps):  # in turns: one step of each policy per round
         for run, model, optimizer in zip(runs, models, optimizers):
             start = time.perf_counter()
@@ -64,8 +81,11 @@ def single_process(preset: str, batch: int, steps: int, warmup: int = 2) -> list
         run["saved_vs_none"] = run["saved"] / none["saved"]
         run["peak_vs_none"] = run["peak"] / none["peak"]
         run["time_vs_none"] = run["median_step_s"] / statistics.median(none["step_s"])
-        print(f"{run['policy']:24} {run['median_step_s']:6.2f} s/step  saved {run['saved_vs_none']:.3f}x  "
-              f"time {run['time_vs_none']:.3f}x", flush=True)
+        print(
+            f"{run['policy']:24} {run['median_step_s']:6.2f} s/step  saved {run['saved_vs_none']:.3f}x  "
+            f"time {run['time_vs_none']:.3f}x",
+            flush=True,
+        )
     return runs
 
 
@@ -73,16 +93,47 @@ def with_fsdp2(preset: str, batch: int, steps: int, nprocs: int) -> list[dict]:
     runs = []
     for mode in ("none", "full", "selective"):
         out = Path(tempfile.mkdtemp(prefix=f"bench-ac-{mode}-"))
-        run_script("src/labs/lab5_activation_ckpt.py", [
-            "--preset", preset, "--steps", steps, "--batch-size", batch, "--micro-batch-size", batch // nprocs,
-            "--ac", mode, "--eval-batches", 1, "--sample-chars", 0, "--no-progress", "--out", out],
-            nprocs=nprocs, timeout=3600, quiet=True)
+        run_script(
+            "src/labs/lab5_activation_ckpt.py",
+            [
+                "--preset",
+                preset,
+                "--steps",
+                steps,
+                "--batch-size",
+                batch,
+                "--micro-batch-size",
+                batch // nprocs,
+                "--ac",
+                mode,
+                "--eval-batches",
+                1,
+                "--sample-chars",
+                0,
+                "--no-progress",
+                "--out",
+                out,
+            ],
+            nprocs=nprocs,
+            timeout=3600,
+            quiet=True,
+        )
         metrics, summary = read_metrics(out), read_summary(out)
         step_s = [m["step_s"] for m in metrics][2:]  # the lab's own step timing, the first 2 steps left out
-        runs.append({"mode": mode, "world_size": nprocs, "step_s": step_s, "losses": [m["loss"] for m in metrics],
-                     "tokens_per_s": summary["tokens_per_step"] / statistics.median(step_s)})
-        print(f"lab 5, FSDP2 on {nprocs} ranks, --ac {mode:9} {runs[-1]['tokens_per_s']:8,.0f} tokens/s "
-              f"(median of {len(step_s)} steps)", flush=True)
+        runs.append(
+            {
+                "mode": mode,
+                "world_size": nprocs,
+                "step_s": step_s,
+                "losses": [m["loss"] for m in metrics],
+                "tokens_per_s": summary["tokens_per_step"] / statistics.median(step_s),
+            }
+        )
+        print(
+            f"lab 5, FSDP2 on {nprocs} ranks, --ac {mode:9} {runs[-1]['tokens_per_s']:8,.0f} tokens/s "
+            f"(median of {len(step_s)} steps)",
+            flush=True,
+        )
     return runs
 
 
@@ -100,9 +151,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.nprocs and args.batch_size % args.nprocs:
         parser.error(f"--batch-size {args.batch_size} must be a multiple of --nprocs {args.nprocs}")
 
-    result = {"provenance": provenance("distlab.bench.ac", argv),
-              "workload": {"preset": args.preset, "batch": args.batch_size, "steps": args.steps},
-              "single_process": single_process(args.preset, args.batch_size, args.steps)}
+    result = {
+        "provenance": provenance("distlab.bench.ac", argv),
+        "workload": {"preset": args.preset, "batch": args.batch_size, "steps": args.steps},
+        "single_process": single_process(args.preset, args.batch_size, args.steps),
+    }
     if args.nprocs:
         result["fsdp2"] = with_fsdp2(args.preset, args.batch_size, args.fsdp2_steps + 2, args.nprocs)
     write_result(result, args.out)

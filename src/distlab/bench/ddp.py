@@ -9,6 +9,7 @@ Measures, on the machine it runs on:
 Results go to ``--out`` (default ``results/ddp_bench.json``) with their provenance; the
 DDP chapter reads that file instead of re-running minutes of benchmarks at every build.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,9 +24,27 @@ from distlab.metrics import read_summary
 
 def lab_tokens_per_s(script: str, nprocs: int, preset: str, batch: int, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        run_script(f"src/labs/{script}", ["--preset", preset, "--batch-size", batch, "--steps", steps,
-                                         "--eval-batches", 1, "--sample-chars", 0, "--no-progress",
-                                         "--out", out], nprocs=nprocs, timeout=1800, quiet=True)
+        run_script(
+            f"src/labs/{script}",
+            [
+                "--preset",
+                preset,
+                "--batch-size",
+                batch,
+                "--steps",
+                steps,
+                "--eval-batches",
+                1,
+                "--sample-chars",
+                0,
+                "--no-progress",
+                "--out",
+                out,
+            ],
+            nprocs=nprocs,
+            timeout=1800,
+            quiet=True,
+        )
         s = read_summary(out)
     return {"tokens_per_s": s["tokens_per_s"], "mfu": s["mfu"], "world_size": s["world_size"]}
 
@@ -42,20 +61,33 @@ def main(argv: list[str] | None = None) -> dict:
     if args.steps < 3:
         parser.error("--steps must be at least 3 (the first two steps are not timed)")
 
-    result = {"provenance": provenance("distlab.bench.ddp", argv), "workload": {
-        "preset": args.preset, "global_batch": args.batch_size, "steps": args.steps, "nprocs": args.nprocs}}
+    result = {
+        "provenance": provenance("distlab.bench.ddp", argv),
+        "workload": {
+            "preset": args.preset,
+            "global_batch": args.batch_size,
+            "steps": args.steps,
+            "nprocs": args.nprocs,
+        },
+    }
     print(f"labs ({args.preset}, batch {args.batch_size}, {args.steps} steps)", flush=True)
     result["labs"] = {
         "lab1_single (1 process)": lab_tokens_per_s("lab1_single.py", 1, args.preset, args.batch_size, args.steps),
-        f"lab2_ddp ({args.nprocs} ranks)": lab_tokens_per_s("lab2_ddp.py", args.nprocs, args.preset,
-                                                            args.batch_size, args.steps),
+        f"lab2_ddp ({args.nprocs} ranks)": lab_tokens_per_s(
+            "lab2_ddp.py", args.nprocs, args.preset, args.batch_size, args.steps
+        ),
     }
     for name, r in result["labs"].items():
         print(f"  {name:26} {r['tokens_per_s']:9,.0f} tokens/s", flush=True)
 
     def run(kind: str, cap: float = 25.0) -> dict:
-        ranks = run_ranks(train_steps, nprocs=args.nprocs, timeout=1800, quiet=True,
-                          args=(kind, args.preset, args.steps, args.batch_size, 1337, cap))
+        ranks = run_ranks(
+            train_steps,
+            nprocs=args.nprocs,
+            timeout=1800,
+            quiet=True,
+            args=(kind, args.preset, args.steps, args.batch_size, 1337, cap),
+        )
         return {"tokens_per_s": min(r["tokens_per_s"] for r in ranks), "bucket_cap_mb": cap}
 
     result["wrappers"] = {}
@@ -65,8 +97,10 @@ def main(argv: list[str] | None = None) -> dict:
     result["bucket_caps"] = {}
     for cap in args.bucket_caps:
         result["bucket_caps"][str(cap)] = run("torch", cap)
-        print(f"  torch DDP, bucket_cap_mb={cap:<6} {result['bucket_caps'][str(cap)]['tokens_per_s']:9,.0f} tokens/s",
-              flush=True)
+        print(
+            f"  torch DDP, bucket_cap_mb={cap:<6} {result['bucket_caps'][str(cap)]['tokens_per_s']:9,.0f} tokens/s",
+            flush=True,
+        )
 
     labs = list(result["labs"].values())
     w = result["wrappers"]

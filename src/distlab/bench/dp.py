@@ -10,18 +10,19 @@ the 10.8M-parameter model take seconds on a small CPU, so the chapter reads this
 (with its provenance) instead of timing them on every build; it still trains every variant
 live on the `tiny` model and checks the losses.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
-from distlab.scratch.data_parallel import Span
-from distlab.chapters.ddp_internals import train_steps as ddp_train_steps
+from distlab.bench.provenance import provenance, write_result
 from distlab.chapters.data_parallel import train_steps
+from distlab.chapters.ddp_internals import train_steps as ddp_train_steps
 from distlab.infra.launch import run_ranks
 from distlab.infra.paths import REPO_ROOT
-from distlab.bench.provenance import provenance, write_result
+from distlab.scratch.data_parallel import Span
 
 DEFAULT_OUT = REPO_ROOT / "results" / "dp_bench.json"
 WARMUP_STEPS = 2  # not timed: the first steps warm up allocators and caches
@@ -36,13 +37,22 @@ def compare(preset_name: str, steps: int, global_batch: int) -> dict[str, dict]:
         "scratch DP, 1 intra-op": train_steps("scratch", threads=1, **workload),
         "scratch DP, no threads": train_steps("scratch, no threads", **workload),
     }
-    ddp = run_ranks(ddp_train_steps, nprocs=2, timeout=1800, quiet=True,
-                    args=("torch", preset_name, steps, global_batch))
-    runs["DDP, 2 ranks"] = {"losses": ddp[0]["losses"], "spans": [],
-                            "step_s": [max(s) for s in zip(*(r["step_s"] for r in ddp))]}  # the slower rank
-    return {name: {"losses": r["losses"], "step_s": r["step_s"],
-                   "spans": [[s.lane, s.phase, s.start, s.end] for s in r["spans"]]}
-            for name, r in runs.items()}
+    ddp = run_ranks(
+        ddp_train_steps, nprocs=2, timeout=1800, quiet=True, args=("torch", preset_name, steps, global_batch)
+    )
+    runs["DDP, 2 ranks"] = {
+        "losses": ddp[0]["losses"],
+        "spans": [],
+        "step_s": [max(s) for s in zip(*(r["step_s"] for r in ddp))],
+    }  # the slower rank
+    return {
+        name: {
+            "losses": r["losses"],
+            "step_s": r["step_s"],
+            "spans": [[s.lane, s.phase, s.start, s.end] for s in r["spans"]],
+        }
+        for name, r in runs.items()
+    }
 
 
 def load(path=DEFAULT_OUT) -> tuple[dict, dict, dict[str, dict]]:
@@ -53,11 +63,13 @@ def load(path=DEFAULT_OUT) -> tuple[dict, dict, dict[str, dict]]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m distlab.bench.dp", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m distlab.bench.dp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default="shakespeare", help="model preset (default: shakespeare)")
-    parser.add_argument("--steps", type=int, default=8,
-                        help=f"steps per variant; the first {WARMUP_STEPS} are not timed (default: 8)")
+    parser.add_argument(
+        "--steps", type=int, default=8, help=f"steps per variant; the first {WARMUP_STEPS} are not timed (default: 8)"
+    )
     parser.add_argument("--global-batch", type=int, default=8, help="sequences per step (default: 8)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="result file (default: results/dp_bench.json)")
     args = parser.parse_args(argv)
@@ -65,10 +77,16 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--steps must be more than the {WARMUP_STEPS} untimed warm-up steps")
     if args.global_batch < 2 or args.global_batch % 2:
         parser.error("--global-batch must be even: 2 replicas and 2 ranks split it")
-    result = {"provenance": provenance("distlab.bench.dp", argv),
-              "workload": {"preset": args.preset, "steps": args.steps, "global_batch": args.global_batch,
-                           "warmup_steps": WARMUP_STEPS},
-              "runs": compare(args.preset, args.steps, args.global_batch)}
+    result = {
+        "provenance": provenance("distlab.bench.dp", argv),
+        "workload": {
+            "preset": args.preset,
+            "steps": args.steps,
+            "global_batch": args.global_batch,
+            "warmup_steps": WARMUP_STEPS,
+        },
+        "runs": compare(args.preset, args.steps, args.global_batch),
+    }
     write_result(result, args.out)
     return result
 

@@ -10,6 +10,7 @@ world size) is measured beside fp32. Results go to ``--out`` (default
 ``results/fsdp_bench.json``) with their provenance; the FSDP2 chapter reads
 ``results/fsdp_bench_batch16.json`` and ``results/fsdp_bench_batch64.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,24 @@ from distlab.model import preset as model_preset
 
 
 def measure(strategy: str, nprocs: int, preset: str, batch: int, steps: int) -> dict:
-    ranks = run_ranks(train, nprocs=nprocs, timeout=3600, quiet=True, pg_timeout=900,
-                      args=(strategy, preset, steps, batch, 1337, 1e-3, True))  # track_peak
+    ranks = run_ranks(
+        train,
+        nprocs=nprocs,
+        timeout=3600,
+        quiet=True,
+        pg_timeout=900,
+        args=(strategy, preset, steps, batch, 1337, 1e-3, True),
+    )  # track_peak
     step_s = [max(s) for s in zip(*(r["step_s"] for r in ranks))]  # a step ends when its slowest rank does
     timed = step_s[2:] or step_s
-    return {"strategy": strategy, "world_size": nprocs, "losses": ranks[0]["losses"],
-            "tokens_per_s": batch * model_preset(preset).block_size / statistics.median(timed),
-            "state_per_rank": [r["state"] for r in ranks], "peak_per_rank": [r["peak"] for r in ranks]}
+    return {
+        "strategy": strategy,
+        "world_size": nprocs,
+        "losses": ranks[0]["losses"],
+        "tokens_per_s": batch * model_preset(preset).block_size / statistics.median(timed),
+        "state_per_rank": [r["state"] for r in ranks],
+        "peak_per_rank": [r["peak"] for r in ranks],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -44,8 +56,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.steps < 3 or (args.bf16_steps and args.bf16_steps < 3):
         parser.error("--steps and --bf16-steps must be at least 3 (the first two steps are not timed)")
 
-    result = {"provenance": provenance("distlab.bench.fsdp", argv), "workload": {
-        "preset": args.preset, "global_batch": args.batch_size, "steps": args.steps}, "runs": []}
+    result = {
+        "provenance": provenance("distlab.bench.fsdp", argv),
+        "workload": {"preset": args.preset, "global_batch": args.batch_size, "steps": args.steps},
+        "runs": [],
+    }
     plan = [(s, n, args.steps) for n in args.nprocs for s in ("ddp", "fsdp2", "fsdp2-no-reshard")]
     if args.bf16_steps:
         plan.append(("fsdp2-bf16", args.nprocs[0], args.bf16_steps))
@@ -53,8 +68,9 @@ def main(argv: list[str] | None = None) -> dict:
         r = measure(strategy, n, args.preset, args.batch_size, steps)
         result["runs"].append(r)
         state = max(s["total"] for s in r["state_per_rank"])
-        print(f"{strategy:18} {n} ranks  {r['tokens_per_s']:9,.0f} tokens/s  state/rank {state / 1e6:7.1f} MB",
-              flush=True)
+        print(
+            f"{strategy:18} {n} ranks  {r['tokens_per_s']:9,.0f} tokens/s  state/rank {state / 1e6:7.1f} MB", flush=True
+        )
     write_result(result, args.out)
     return result
 

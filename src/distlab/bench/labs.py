@@ -16,6 +16,7 @@ plan K times over and keeps, for each lab and rank count, the run with the media
 The result goes to ``--out`` (default ``results/bench/<device>_<preset>_<dtype>.json``)
 with its provenance; the Benchmarks chapter reads these files and never reruns them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,20 +29,43 @@ import time
 import types
 from pathlib import Path
 
+from distlab.bench.provenance import provenance, write_result
 from distlab.bench.report import print_targets
 from distlab.infra.launch import LaunchTimeout, RankFailed, run_script
 from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_metrics, read_summary
-from distlab.bench.provenance import provenance, write_result
 from distlab.runtime import pick_device
 
 SCHEMA = 1  # bump when the layout of a result file changes; the tests read this layout
-LABS = {1: "lab1_single", 2: "lab2_ddp", 3: "lab3_grad_accum", 4: "lab4_fsdp2",
-        5: "lab5_activation_ckpt", 6: "lab6_accelerate"}
+LABS = {
+    1: "lab1_single",
+    2: "lab2_ddp",
+    3: "lab3_grad_accum",
+    4: "lab4_fsdp2",
+    5: "lab5_activation_ckpt",
+    6: "lab6_accelerate",
+}
 # what the result keeps of each lab's summary.json
-KEPT = ("lab", "strategy", "world_size", "accum_steps", "dtype", "device", "device_name", "tokens_per_step",
-        "tokens_per_s", "achieved_flops_per_s", "peak_flops_per_s", "mfu", "state_bytes_per_rank",
-        "peak_bytes_by_kind", "final_train_loss", "final_val_loss", "parameters", "config")
+KEPT = (
+    "lab",
+    "strategy",
+    "world_size",
+    "accum_steps",
+    "dtype",
+    "device",
+    "device_name",
+    "tokens_per_step",
+    "tokens_per_s",
+    "achieved_flops_per_s",
+    "peak_flops_per_s",
+    "mfu",
+    "state_bytes_per_rank",
+    "peak_bytes_by_kind",
+    "final_train_loss",
+    "final_val_loss",
+    "parameters",
+    "config",
+)
 
 
 def lab_path(lab: str) -> Path:
@@ -66,10 +90,26 @@ def lab_options(lab: str) -> set[str]:
 
 def lab_args(lab: str, workload: dict, out: Path) -> list[str]:
     """The command line of one run: the workload's options, plus what every benchmark run needs."""
-    args = ["--preset", workload["preset"], "--batch-size", workload["global_batch"],
-            "--steps", workload["steps"], "--dtype", workload["dtype"], "--device", workload["device"],
-            "--eval-batches", workload["eval_batches"], "--sample-chars", 0, "--no-progress",
-            "--track-memory", "--out", out]
+    args = [
+        "--preset",
+        workload["preset"],
+        "--batch-size",
+        workload["global_batch"],
+        "--steps",
+        workload["steps"],
+        "--dtype",
+        workload["dtype"],
+        "--device",
+        workload["device"],
+        "--eval-batches",
+        workload["eval_batches"],
+        "--sample-chars",
+        0,
+        "--no-progress",
+        "--track-memory",
+        "--out",
+        out,
+    ]
     if "micro_batch_size" in lab_options(lab):
         args += ["--micro-batch-size", workload["micro_batch_size"]]
     return [str(a) for a in args]
@@ -79,8 +119,11 @@ def run_one(lab: str, nprocs: int, workload: dict, runs_dir: Path, timeout: floa
     """One lab at ``nprocs`` ranks: its figures, or the error that stopped it."""
     out = runs_dir / f"{lab}_{nprocs}ranks"
     args = lab_args(lab, workload, out)
-    record = {"lab": lab, "world_size": nprocs,
-              "command": f"torchrun --nproc-per-node={nprocs} src/labs/{lab}.py " + " ".join(args)}
+    record = {
+        "lab": lab,
+        "world_size": nprocs,
+        "command": f"torchrun --nproc-per-node={nprocs} src/labs/{lab}.py " + " ".join(args),
+    }
     try:
         run_script(lab_path(lab), args, nprocs=nprocs, timeout=timeout, device=workload["device"], quiet=True)
     except (RankFailed, LaunchTimeout) as err:
@@ -106,30 +149,49 @@ def describe(run: dict) -> str:
     if "error" in run:
         return f"failed: {run['error']}"
     memory = run["peak_bytes_by_kind"].get("total", 0) / 1e6
-    return (f"{run['tokens_per_s']:9,.0f} tokens/s  MFU {run['mfu']:.2f}  state "
-            f"{run['state_bytes_per_rank']['total'] / 1e6:6.1f} MB/rank  peak {memory:6.1f} MB  "
-            f"loss {run['final_train_loss']:.4f}")
+    return (
+        f"{run['tokens_per_s']:9,.0f} tokens/s  MFU {run['mfu']:.2f}  state "
+        f"{run['state_bytes_per_rank']['total'] / 1e6:6.1f} MB/rank  peak {memory:6.1f} MB  "
+        f"loss {run['final_train_loss']:.4f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m distlab.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--labs", type=int, nargs="+", default=list(LABS), choices=list(LABS),
-                        help="which labs (default: 1 2 3 4 5 6)")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4],
-                        help="rank counts to run labs 2-6 at; lab 1 always runs on 1 (default: 1 2 4)")
+    parser = argparse.ArgumentParser(
+        prog="python -m distlab.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--labs", type=int, nargs="+", default=list(LABS), choices=list(LABS), help="which labs (default: 1 2 3 4 5 6)"
+    )
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4],
+        help="rank counts to run labs 2-6 at; lab 1 always runs on 1 (default: 1 2 4)",
+    )
     parser.add_argument("--preset", default="shakespeare", help="model preset (default: shakespeare)")
     parser.add_argument("--batch-size", type=int, default=16, help="global batch, sequences per step (default: 16)")
-    parser.add_argument("--micro-batch-size", type=int, default=4,
-                        help="sequences per forward/backward on a rank, labs 3-6 (default: 4)")
+    parser.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=4,
+        help="sequences per forward/backward on a rank, labs 3-6 (default: 4)",
+    )
     parser.add_argument("--steps", type=int, default=12, help="steps per run; the first 2 are not timed (default: 12)")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="(default: fp32)")
     parser.add_argument("--eval-batches", type=int, default=4, help="batches in the final validation loss (default: 4)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     parser.add_argument("--out", default="", help="result file (default: results/bench/<device>_<preset>_<dtype>.json)")
-    parser.add_argument("--runs-dir", default="runs/bench", help="where the runs write their logs (default: runs/bench)")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="runs of each lab and rank count, interleaved; the median by tokens/s is kept (default: 1)")
+    parser.add_argument(
+        "--runs-dir", default="runs/bench", help="where the runs write their logs (default: runs/bench)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each lab and rank count, interleaved; the median by tokens/s is kept (default: 1)",
+    )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per run before it is killed")
     args = parser.parse_args(argv)
     if args.steps < 3:
@@ -138,13 +200,22 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--repeats must be at least 1")
     for n in args.ranks:
         if n < 1 or args.batch_size % (n * args.micro_batch_size):
-            parser.error(f"--batch-size {args.batch_size} does not split into micro-batches of "
-                         f"{args.micro_batch_size} over {n} ranks")
+            parser.error(
+                f"--batch-size {args.batch_size} does not split into micro-batches of "
+                f"{args.micro_batch_size} over {n} ranks"
+            )
 
     device = pick_device(args.device)
-    workload = {"preset": args.preset, "global_batch": args.batch_size, "micro_batch_size": args.micro_batch_size,
-                "steps": args.steps, "dtype": args.dtype, "device": args.device, "eval_batches": args.eval_batches,
-                "repeats": args.repeats}
+    workload = {
+        "preset": args.preset,
+        "global_batch": args.batch_size,
+        "micro_batch_size": args.micro_batch_size,
+        "steps": args.steps,
+        "dtype": args.dtype,
+        "device": args.device,
+        "eval_batches": args.eval_batches,
+        "repeats": args.repeats,
+    }
     plan = [(LABS[lab], n) for n in sorted(set(args.ranks)) for lab in args.labs if lab != 1 or n == 1]
     if 1 in args.labs and 1 not in args.ranks:
         plan.insert(0, (LABS[1], 1))
@@ -156,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
     # shared machine then spreads over every lab instead of falling on one
     made: dict[tuple[str, int], list[dict]] = {}
     total = len(plan) * args.repeats
-    for repeat in range(args.repeats):
+    for _ in range(args.repeats):
         for lab, n in plan:
             start = time.perf_counter()
             print(f"[{len(sum(made.values(), [])) + 1}/{total}] {lab} on {n} rank(s) ...", end="", flush=True)
@@ -164,10 +235,13 @@ def main(argv: list[str] | None = None) -> dict:
             print(f" {time.perf_counter() - start:4.0f} s  {describe(made[lab, n][-1])}", flush=True)
     runs = [median_run(made[key]) for key in plan]
 
-    measured["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    result = {"schema": SCHEMA, "provenance": measured,
-              "workload": {k: v for k, v in workload.items() if k != "device"} | {"device": device.type},
-              "runs": runs}
+    measured["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    result = {
+        "schema": SCHEMA,
+        "provenance": measured,
+        "workload": {k: v for k, v in workload.items() if k != "device"} | {"device": device.type},
+        "runs": runs,
+    }
     out = args.out or REPO_ROOT / "results" / "bench" / f"{device.type}_{args.preset}_{args.dtype}.json"
     write_result(result, out)
     print_targets(result)  # the project's goals, met or not

@@ -4,6 +4,7 @@ Every benchmark in this repository writes its result through ``write_result``, w
 ``provenance``: the machine and its CPU or GPU, the core count, torch, the commit (marked
 ``+dirty`` when tracked files had changes), the date and the command that made it.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -23,9 +24,10 @@ from distlab.runtime import pick_device
 
 def commit() -> str:
     """The commit measured; "+dirty" when tracked files had uncommitted changes."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
     try:
         dirty = git("status", "--porcelain", "--untracked-files=no")
         return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
@@ -37,9 +39,12 @@ def provenance(module: str, argv: list[str] | None, device: str = "auto") -> dic
     """Where and when a measurement was made, and the command that made it."""
     command = " ".join(sys.argv[1:] if argv is None else map(str, argv))
     return {
-        "machine": device_name(pick_device(device)), "cpu_count": os.cpu_count(),
-        "platform": platform.platform(), "torch": torch.__version__, "commit": commit(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": device_name(pick_device(device)),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "commit": commit(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": f"python -m {module} {command}".strip(),
     }
 

@@ -8,6 +8,7 @@ these functions, so a figure in the book is computed one way only.
     targets(result)       # each goal of the project: measured value, met or not
     scaling(result)       # tokens/s at N ranks over N times the same lab at 1 rank
 """
+
 from __future__ import annotations
 
 import json
@@ -42,24 +43,57 @@ def activations(r: dict) -> int:
 
 # (name, what is compared, goal, direction, how it is computed from the runs)
 _GOALS = [
-    ("lab 1 MFU", "lab 1, fp32, 1 process: achieved FLOP/s / measured matmul peak", 0.80, ">=",
-     lambda R: R("lab1_single", 1)["mfu"]),
-    ("DDP vs lab 1", "tokens/s: lab 2 on 2 ranks / lab 1 on 1", 0.90, ">=",
-     lambda R: R("lab2_ddp", 2)["tokens_per_s"] / R("lab1_single", 1)["tokens_per_s"]),
-    ("FSDP2 vs DDP", "tokens/s: lab 4 / lab 3 (same micro-batches), 2 ranks", 0.90, ">=",
-     lambda R: R("lab4_fsdp2", 2)["tokens_per_s"] / R("lab3_grad_accum", 2)["tokens_per_s"]),
-    ("FSDP2 state", "model state bytes per rank: lab 4 / lab 3, 2 ranks", 0.52, "<=",
-     lambda R: R("lab4_fsdp2", 2)["state_bytes_per_rank"]["total"]
-     / R("lab3_grad_accum", 2)["state_bytes_per_rank"]["total"]),
-    ("full AC time", "step time: lab 5 (full AC) / lab 4, 2 ranks", 1.35, "<=",
-     lambda R: R("lab5_activation_ckpt", 2)["step_s"] / R("lab4_fsdp2", 2)["step_s"]),
-    ("full AC activations", "activation bytes at the peak: lab 5 / lab 4, 2 ranks", 0.20, "<=",
-     lambda R: activations(R("lab5_activation_ckpt", 2)) / activations(R("lab4_fsdp2", 2))),
+    (
+        "lab 1 MFU",
+        "lab 1, fp32, 1 process: achieved FLOP/s / measured matmul peak",
+        0.80,
+        ">=",
+        lambda R: R("lab1_single", 1)["mfu"],
+    ),
+    (
+        "DDP vs lab 1",
+        "tokens/s: lab 2 on 2 ranks / lab 1 on 1",
+        0.90,
+        ">=",
+        lambda R: R("lab2_ddp", 2)["tokens_per_s"] / R("lab1_single", 1)["tokens_per_s"],
+    ),
+    (
+        "FSDP2 vs DDP",
+        "tokens/s: lab 4 / lab 3 (same micro-batches), 2 ranks",
+        0.90,
+        ">=",
+        lambda R: R("lab4_fsdp2", 2)["tokens_per_s"] / R("lab3_grad_accum", 2)["tokens_per_s"],
+    ),
+    (
+        "FSDP2 state",
+        "model state bytes per rank: lab 4 / lab 3, 2 ranks",
+        0.52,
+        "<=",
+        lambda R: (
+            R("lab4_fsdp2", 2)["state_bytes_per_rank"]["total"]
+            / R("lab3_grad_accum", 2)["state_bytes_per_rank"]["total"]
+        ),
+    ),
+    (
+        "full AC time",
+        "step time: lab 5 (full AC) / lab 4, 2 ranks",
+        1.35,
+        "<=",
+        lambda R: R("lab5_activation_ckpt", 2)["step_s"] / R("lab4_fsdp2", 2)["step_s"],
+    ),
+    (
+        "full AC activations",
+        "activation bytes at the peak: lab 5 / lab 4, 2 ranks",
+        0.20,
+        "<=",
+        lambda R: activations(R("lab5_activation_ckpt", 2)) / activations(R("lab4_fsdp2", 2)),
+    ),
 ]
 
 
 def targets(result: dict) -> list[dict]:
     """Each goal with its measured value; ``met`` is None where the runs it needs are missing."""
+
     def R(lab: str, n: int) -> dict:  # noqa: N802 - reads like the table
         found = run(result, lab, n)
         if found is None:
@@ -71,12 +105,21 @@ def targets(result: dict) -> list[dict]:
         try:
             value = compute(R)
         except LookupError as missing:
-            rows.append({"goal": name, "compared": compared, "target": f"{direction} {goal}",
-                         "measured": None, "met": None, "missing": str(missing)})
+            rows.append(
+                {
+                    "goal": name,
+                    "compared": compared,
+                    "target": f"{direction} {goal}",
+                    "measured": None,
+                    "met": None,
+                    "missing": str(missing),
+                }
+            )
             continue
         met = value >= goal if direction == ">=" else value <= goal
-        rows.append({"goal": name, "compared": compared, "target": f"{direction} {goal}",
-                     "measured": value, "met": met})
+        rows.append(
+            {"goal": name, "compared": compared, "target": f"{direction} {goal}", "measured": value, "met": met}
+        )
     return rows
 
 
@@ -90,9 +133,15 @@ def scaling(result: dict) -> list[dict]:
             continue
         one = run(result, r["lab"], 1)
         n = r["world_size"]
-        rows.append({"lab": r["lab"], "ranks": n, "tokens_per_s": r["tokens_per_s"],
-                     "efficiency_vs_own_1_rank": r["tokens_per_s"] / (n * one["tokens_per_s"]) if one else None,
-                     "efficiency_vs_lab1": r["tokens_per_s"] / (n * lab1["tokens_per_s"]) if lab1 else None})
+        rows.append(
+            {
+                "lab": r["lab"],
+                "ranks": n,
+                "tokens_per_s": r["tokens_per_s"],
+                "efficiency_vs_own_1_rank": r["tokens_per_s"] / (n * one["tokens_per_s"]) if one else None,
+                "efficiency_vs_lab1": r["tokens_per_s"] / (n * lab1["tokens_per_s"]) if lab1 else None,
+            }
+        )
     return rows
 
 
@@ -101,8 +150,11 @@ def loss_agreement(result: dict) -> dict[tuple[str, int], float]:
     lab1 = run(result, "lab1_single", 1)
     if lab1 is None:
         return {}
-    return {(r["lab"], r["world_size"]): max(abs(a - b) / abs(b) for a, b in zip(r["losses"], lab1["losses"]))
-            for r in result["runs"] if "error" not in r}
+    return {
+        (r["lab"], r["world_size"]): max(abs(a - b) / abs(b) for a, b in zip(r["losses"], lab1["losses"]))
+        for r in result["runs"]
+        if "error" not in r
+    }
 
 
 def print_targets(result: dict) -> None:

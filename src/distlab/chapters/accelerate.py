@@ -7,6 +7,7 @@ They return plain values, so the caller compares the ranks with nothing left to 
 ``python -m distlab.chapters.accelerate`` prints what one process sees; the chapter runs it under
 ``accelerate launch --cpu --num_processes 2`` to count the processes that command starts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,9 +60,14 @@ def without_cpu_true() -> dict:
     accelerator = Accelerator()  # the mistake: no cpu=True
     model = _train(accelerator, GPT(preset("tiny"), seed=0))
     caught = _caught(check_processes, accelerator)  # what lab 6 does right after building its Accelerator
-    return {"WORLD_SIZE": os.environ.get("WORLD_SIZE"), "num_processes": accelerator.num_processes,
-            "distributed_type": str(accelerator.distributed_type), "strategy": strategy_of(model),
-            "weights": fingerprint(model), "caught": caught}
+    return {
+        "WORLD_SIZE": os.environ.get("WORLD_SIZE"),
+        "num_processes": accelerator.num_processes,
+        "distributed_type": str(accelerator.distributed_type),
+        "strategy": strategy_of(model),
+        "weights": fingerprint(model),
+        "caught": caught,
+    }
 
 
 def fsdp_plugin_on_cpu() -> dict:
@@ -69,15 +75,22 @@ def fsdp_plugin_on_cpu() -> dict:
     from accelerate import Accelerator
     from accelerate.utils import FullyShardedDataParallelPlugin
 
-    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
-                                            transformer_cls_names_to_wrap=["Block"])
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Block"]
+    )
     accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
     model = _train(accelerator, GPT(preset("tiny"), seed=0))
     caught = _caught(check_strategy, model, accelerator, fsdp=True)  # what lab 6 does after prepare
     local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
-    return {"num_processes": accelerator.num_processes, "distributed_type": str(accelerator.distributed_type),
-            "wrapper": type(model).__name__, "strategy": strategy_of(model),
-            "parameters_on_this_rank": local, "weights": fingerprint(model), "caught": caught}
+    return {
+        "num_processes": accelerator.num_processes,
+        "distributed_type": str(accelerator.distributed_type),
+        "wrapper": type(model).__name__,
+        "strategy": strategy_of(model),
+        "parameters_on_this_rank": local,
+        "weights": fingerprint(model),
+        "caught": caught,
+    }
 
 
 def with_cpu_true() -> dict:
@@ -86,8 +99,12 @@ def with_cpu_true() -> dict:
 
     accelerator = Accelerator(cpu=True)
     model = _train(accelerator, GPT(preset("tiny"), seed=0))
-    return {"num_processes": accelerator.num_processes, "distributed_type": str(accelerator.distributed_type),
-            "strategy": strategy_of(model), "weights": fingerprint(model)}
+    return {
+        "num_processes": accelerator.num_processes,
+        "distributed_type": str(accelerator.distributed_type),
+        "strategy": strategy_of(model),
+        "weights": fingerprint(model),
+    }
 
 
 def accumulate_trace(out_dir: str, accum_steps: int = 4) -> None:
@@ -118,19 +135,29 @@ def accumulate_trace(out_dir: str, accum_steps: int = 4) -> None:
             accelerator.backward(loss)
             optimizer.step()  # called every micro-batch, as in Accelerate's examples
             optimizer.zero_grad()
-        rows.append({"micro-batch": micro, "sync_gradients": accelerator.sync_gradients,
-                     "all-reduces": len(sent), "weights changed": fingerprint(model) != before})
+        rows.append(
+            {
+                "micro-batch": micro,
+                "sync_gradients": accelerator.sync_gradients,
+                "all-reduces": len(sent),
+                "weights changed": fingerprint(model) != before,
+            }
+        )
         sent.clear()
     mine = torch.tensor([10.0 * rank, 10.0 * rank + 1])
     gathered = accelerator.gather_for_metrics(mine).tolist()
     mean = accelerator.reduce(mine, "mean").tolist()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
-        {"rows": rows, "mine": mine.tolist(), "gathered": gathered, "reduced_mean": mean}))
+    Path(out_dir, f"rank{rank}.json").write_text(
+        json.dumps({"rows": rows, "mine": mine.tolist(), "gathered": gathered, "reduced_mean": mean})
+    )
 
 
 if __name__ == "__main__":
     from accelerate import Accelerator
 
     accelerator = Accelerator(cpu=True)
-    print(f"process {accelerator.process_index} of {accelerator.num_processes} "
-          f"({accelerator.distributed_type}); WORLD_SIZE={os.environ.get('WORLD_SIZE')}", flush=True)
+    print(
+        f"process {accelerator.process_index} of {accelerator.num_processes} "
+        f"({accelerator.distributed_type}); WORLD_SIZE={os.environ.get('WORLD_SIZE')}",
+        flush=True,
+    )

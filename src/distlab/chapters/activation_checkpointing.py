@@ -14,10 +14,11 @@ check and measure it:
 
 Step times are measured by ``distlab.bench.ac``, which records them in ``results/``.
 """
+
 from __future__ import annotations
 
 import collections
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -92,6 +93,7 @@ def recording(policy: Callable) -> tuple[Callable, collections.Counter]:
         if not ctx.is_recompute:  # during backward it is asked again for the same ops
             counts[(str(op), decision.name)] += 1
         return decision
+
     return recorded, counts
 
 
@@ -111,8 +113,10 @@ def check_policy_saves(policy: Callable, preset_name: str = "tiny") -> collectio
     saved = collections.Counter({op: n for (op, decision), n in counts.items() if decision == "MUST_SAVE"})
     if not saved:
         seen = sorted({op for op, _ in counts})
-        raise ValueError(f"the selective policy saved no operator's output, so it recomputes everything "
-                         f"(full checkpointing). The blocks ran: {', '.join(seen)}")
+        raise ValueError(
+            f"the selective policy saved no operator's output, so it recomputes everything "
+            f"(full checkpointing). The blocks ran: {', '.join(seen)}"
+        )
     return saved
 
 
@@ -144,8 +148,7 @@ def activation_memory(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor
     return {"hooks": hooks, "saved": now["ACT"], "peak": top["ACT"] + top["TEMP"]}
 
 
-def build(preset_name: str, mode: str = "none", every: int = 1, policy: Callable | None = None,
-          seed: int = 0) -> GPT:
+def build(preset_name: str, mode: str = "none", every: int = 1, policy: Callable | None = None, seed: int = 0) -> GPT:
     """A GPT of ``preset_name`` with activation checkpointing applied (same weights for a seed)."""
     return apply_activation_checkpointing(GPT(preset(preset_name), seed=seed), mode, every, policy)
 
@@ -157,11 +160,13 @@ def gradients(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> lis
 
 
 # (wrapping order, checkpoint implementation, mode): the combinations with FSDP2 compared
-FSDP2_ORDERS = [("checkpoint, then shard", "non-reentrant", "full"),
-                ("checkpoint, then shard", "non-reentrant", "selective"),
-                ("checkpoint, then shard", "reentrant", "full"),
-                ("shard, then checkpoint", "non-reentrant", "full"),
-                ("shard, then checkpoint", "reentrant", "full")]
+FSDP2_ORDERS = [
+    ("checkpoint, then shard", "non-reentrant", "full"),
+    ("checkpoint, then shard", "non-reentrant", "selective"),
+    ("checkpoint, then shard", "reentrant", "full"),
+    ("shard, then checkpoint", "non-reentrant", "full"),
+    ("shard, then checkpoint", "reentrant", "full"),
+]
 
 
 def fsdp2_orders(preset_name: str = "tiny", global_batch: int = 8) -> list[dict]:
@@ -190,9 +195,10 @@ def fsdp2_orders(preset_name: str = "tiny", global_batch: int = 8) -> list[dict]
             kwargs["context_fn"] = lambda: create_selective_checkpoint_contexts(save_ops_policy())
         model = GPT(cfg)
 
-        def wrap_blocks():
+        def wrap_blocks(model=model, kwargs=kwargs):  # bound now: called in this iteration
             for i, block in enumerate(model.blocks):
                 model.blocks[i] = checkpoint_wrapper(block, **kwargs)
+
         if order.startswith("checkpoint"):
             wrap_blocks()
             apply_fsdp(model)
@@ -203,12 +209,29 @@ def fsdp2_orders(preset_name: str = "tiny", global_batch: int = 8) -> list[dict]
             model(idx[mine], targets[mine])[1].backward()
         names = [event.name for event in prof.events()]
         diff = max((p.grad.full_tensor() - r).abs().max().item() for p, r in zip(model.parameters(), reference))
-        results.append({
-            "order": order, "checkpoint": impl, "mode": mode, "grad_max_abs_diff": diff,
-            "pre_forward_per_block": sum(n.startswith("FSDP::pre_forward (blocks.") for n in names) / cfg.n_layer,
-            "all_gathers": names.count("gloo:all_gather")})
+        results.append(
+            {
+                "order": order,
+                "checkpoint": impl,
+                "mode": mode,
+                "grad_max_abs_diff": diff,
+                "pre_forward_per_block": sum(n.startswith("FSDP::pre_forward (blocks.") for n in names) / cfg.n_layer,
+                "all_gathers": names.count("gloo:all_gather"),
+            }
+        )
     return results
 
 
-__all__ = ["CheckpointedBlock", "checkpoint_blocks", "forward_ops", "saved_tensors", "recording", "check_policy_saves",
-           "activation_memory", "build", "gradients", "save_ops_policy", "fsdp2_orders"]
+__all__ = [
+    "CheckpointedBlock",
+    "checkpoint_blocks",
+    "forward_ops",
+    "saved_tensors",
+    "recording",
+    "check_policy_saves",
+    "activation_memory",
+    "build",
+    "gradients",
+    "save_ops_policy",
+    "fsdp2_orders",
+]

@@ -8,6 +8,7 @@ the module once on the whole batch), ``scratch`` (``ScratchDataParallel``, one t
 replica) and ``scratch, no threads`` (the same replicas run one after the other: the
 difference from ``scratch`` is what the threads overlapped).
 """
+
 from __future__ import annotations
 
 import threading
@@ -18,9 +19,9 @@ import torch
 import torch.nn as nn
 
 from distlab.data import TokenData, load_corpus
-from distlab.scratch.data_parallel import ScratchDataParallel, Span, _timed, gather, replica_devices, replicate, scatter
 from distlab.model import GPT, preset
 from distlab.runtime import pick_device, synchronize
+from distlab.scratch.data_parallel import ScratchDataParallel, Span, _timed, gather, replica_devices, replicate, scatter
 
 KINDS = ("plain", "nn.DataParallel", "scratch", "scratch, no threads")
 
@@ -60,8 +61,16 @@ def wrap(kind: str, model: nn.Module, device: torch.device, replicas: int) -> nn
     return cls(model, devices)
 
 
-def train_steps(kind: str, preset_name: str = "tiny", steps: int = 10, global_batch: int = 16,
-                seed: int = 1337, replicas: int = 2, lr: float = 1e-3, threads: int | None = None) -> dict:
+def train_steps(
+    kind: str,
+    preset_name: str = "tiny",
+    steps: int = 10,
+    global_batch: int = 16,
+    seed: int = 1337,
+    replicas: int = 2,
+    lr: float = 1e-3,
+    threads: int | None = None,
+) -> dict:
     """``steps`` AdamW steps; returns each step's loss and seconds, and the last step's spans.
 
     ``threads``: intra-op threads for the run (None: as the process has them).
@@ -95,8 +104,14 @@ def train_steps(kind: str, preset_name: str = "tiny", steps: int = 10, global_ba
             seconds.append(time.perf_counter() - start)
     timed = seconds[2:] or seconds  # the first two steps warm up allocators and caches
     spans = [Span(s.lane, s.phase, s.start - start, s.end - start) for s in trace]
-    return {"kind": kind, "threads": threads or torch.get_num_threads(), "losses": losses,
-            "step_s": seconds, "tokens_per_s": global_batch * T * len(timed) / sum(timed), "spans": spans}
+    return {
+        "kind": kind,
+        "threads": threads or torch.get_num_threads(),
+        "losses": losses,
+        "step_s": seconds,
+        "tokens_per_s": global_batch * T * len(timed) / sum(timed),
+        "spans": spans,
+    }
 
 
 def backward_threads(preset_name: str = "tiny", global_batch: int = 8, replicas: int = 2) -> dict[int, set[str]]:
@@ -120,6 +135,7 @@ def backward_threads(preset_name: str = "tiny", global_batch: int = 8, replicas:
 def thread_speedup(work, n_threads: int = 2, repeats: int = 3) -> float:
     """How much faster ``n_threads`` threads each running ``work()`` finish than the same
     ``n_threads`` calls one after the other (best of ``repeats``): 1.0 means no overlap."""
+
     def in_a_row() -> float:
         start = time.perf_counter()
         for _ in range(n_threads):

@@ -8,6 +8,7 @@ Called on every rank (through ``distlab.infra.launch.run_ranks``) or in a single
 Kinds: ``single`` (no wrapper; one process), ``torch`` (torch's DistributedDataParallel),
 and the from-scratch ``naive``, ``hooks`` and ``bucketed`` of ``distlab.scratch.ddp``.
 """
+
 from __future__ import annotations
 
 import time
@@ -16,10 +17,10 @@ import torch
 import torch.distributed as dist
 
 from distlab.data import TokenData, load_corpus
-from distlab.scratch.ddp import WRAPPERS
 from distlab.model import GPT, preset
 from distlab.parallel import apply_ddp
 from distlab.runtime import dist_env, pick_device, synchronize
+from distlab.scratch.ddp import WRAPPERS
 
 KINDS = ("single", "torch", *WRAPPERS)
 
@@ -51,8 +52,15 @@ def _finish(model) -> None:
         model.finish_gradient_sync()
 
 
-def train_steps(kind: str, preset_name: str = "tiny", steps: int = 10, global_batch: int = 16,
-                seed: int = 1337, bucket_cap_mb: float = 25.0, lr: float = 1e-3) -> dict:
+def train_steps(
+    kind: str,
+    preset_name: str = "tiny",
+    steps: int = 10,
+    global_batch: int = 16,
+    seed: int = 1337,
+    bucket_cap_mb: float = 25.0,
+    lr: float = 1e-3,
+) -> dict:
     """``steps`` AdamW steps; returns the global mean loss of each step and its seconds."""
     rank, _, world_size = _world()
     data, model, device, T = _setup(kind, preset_name, seed, bucket_cap_mb)
@@ -72,12 +80,18 @@ def train_steps(kind: str, preset_name: str = "tiny", steps: int = 10, global_ba
             dist.all_reduce(mean_loss)
         losses.append(mean_loss.item() / world_size)
         seconds.append(time.perf_counter() - start)
-    return {"kind": kind, "world_size": world_size, "losses": losses, "step_s": seconds,
-            "tokens_per_s": global_batch * T * max(1, steps - 2) / sum(seconds[2:] or seconds)}
+    return {
+        "kind": kind,
+        "world_size": world_size,
+        "losses": losses,
+        "step_s": seconds,
+        "tokens_per_s": global_batch * T * max(1, steps - 2) / sum(seconds[2:] or seconds),
+    }
 
 
-def gradients(kind: str, preset_name: str = "tiny", global_batch: int = 16, seed: int = 1337,
-              bucket_cap_mb: float = 25.0) -> list[torch.Tensor]:
+def gradients(
+    kind: str, preset_name: str = "tiny", global_batch: int = 16, seed: int = 1337, bucket_cap_mb: float = 25.0
+) -> list[torch.Tensor]:
     """Every parameter's gradient after one forward/backward and the gradient sync."""
     rank, _, world_size = _world()
     data, model, device, T = _setup(kind, preset_name, seed, bucket_cap_mb)

@@ -11,6 +11,7 @@ nothing, they also ``note`` it into a folder that ``observe`` makes and reads ba
 that find the causes (``Lockstep``, ``check_replicas``, ``analyse_flight_recorder``) are in
 ``distlab.tools.debug``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,9 +31,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from distlab.tools.debug import Lockstep, check_replicas
 from distlab.infra.launch import LaunchTimeout, RankFailed, run_ranks
 from distlab.runtime import init_distributed
+from distlab.tools.debug import Lockstep, check_replicas
 
 
 # ---------------------------------------------------------------- what the ranks saw
@@ -48,6 +49,7 @@ def note(report: str, **fields) -> None:
 @dataclass
 class Caught:
     """What ``caught`` saw: the error (None if there was none) and how long the block ran."""
+
     error: str | None = None
     waited_s: float = 0.0
 
@@ -83,6 +85,7 @@ def stuck(seconds: float) -> None:
 @dataclass
 class Outcome:
     """One launch: its wall time, how it ended, and every rank's notes."""
+
     wall_s: float
     failure: str | None  # the launcher's one-line summary, or None if every rank finished
     failed_rank: int | None
@@ -90,8 +93,16 @@ class Outcome:
     notes: dict[int, dict] = field(default_factory=dict)
 
 
-def observe(fn, *args, pg_timeout: float = 2.0, timeout: float = 60, nprocs: int = 2,
-            init_group: bool = True, while_running=None, folder: str | None = None) -> Outcome:
+def observe(
+    fn,
+    *args,
+    pg_timeout: float = 2.0,
+    timeout: float = 60,
+    nprocs: int = 2,
+    init_group: bool = True,
+    while_running=None,
+    folder: str | None = None,
+) -> Outcome:
     """Run ``fn(report, *args)`` on ``nprocs`` ranks; never raises for a failed rank.
 
     ``report`` is a fresh temporary folder, or ``folder`` (kept afterwards) if given.
@@ -108,8 +119,15 @@ def observe(fn, *args, pg_timeout: float = 2.0, timeout: float = 60, nprocs: int
             worker = threading.Thread(target=lambda: looked.update(seen=while_running(report)))
             worker.start()
         try:
-            results = run_ranks(fn, nprocs=nprocs, args=(report, *args), timeout=timeout,
-                                pg_timeout=pg_timeout, init_group=init_group, quiet=True)
+            results = run_ranks(
+                fn,
+                nprocs=nprocs,
+                args=(report, *args),
+                timeout=timeout,
+                pg_timeout=pg_timeout,
+                init_group=init_group,
+                quiet=True,
+            )
         except RankFailed as err:
             failure, failed_rank = err.summary, err.rank
         except LaunchTimeout as err:
@@ -150,6 +168,8 @@ def dying_rank_demo(report: str, steps: int = 4) -> str:
         if failed.error:
             return failed.error
     return "finished"
+
+
 # --- end dying ---
 
 
@@ -165,6 +185,8 @@ def log_metrics(loss: torch.Tensor, grad_norm: torch.Tensor, all_reduce, swapped
         all_reduce(grad_norm)
     n = dist.get_world_size()
     return round(loss.item() / n, 4), round(grad_norm.item() / n, 4)
+
+
 # --- end metrics ---
 
 
@@ -242,6 +264,7 @@ def replicas_demo(report: str, wrapper: str, steps: int = 3, lr: float = 0.1) ->
         model = HookDDP(TwoBlocks())
     else:  # imported here: torch's DDP module imports torch._dynamo, seconds on a small CPU
         from torch.nn.parallel import DistributedDataParallel as DDP
+
         model = DDP(TwoBlocks())
     data = torch.Generator().manual_seed(rank)
     for step in range(steps):
@@ -265,6 +288,8 @@ def class_counts(labels: torch.Tensor) -> torch.Tensor:
     counts = torch.bincount(labels).float()  # the bug: its length is max(labels) + 1
     dist.all_reduce(counts)
     return counts
+
+
 # --- end shapes ---
 
 
@@ -315,6 +340,8 @@ def hung_job_demo(report: str, watchdog_s: float, stuck_s: float) -> dict:
         dist.all_reduce(torch.ones(1))
     faulthandler.cancel_dump_traceback_later()
     return {"error": failed.error, "waited_s": failed.waited_s}
+
+
 # --- end stacks ---
 
 
@@ -342,6 +369,8 @@ def recorded_job_demo(report: str, stuck_s: float, steps: int = 3) -> dict:
         dist.all_reduce(torch.ones(4, 4))  # rank 1 never comes
     dump_flight_recorder(report)
     return {"error": failed.error, "waited_s": failed.waited_s}
+
+
 # --- end recorder ---
 
 
@@ -354,5 +383,7 @@ def nccl_recorder_demo(report: str) -> list:
     # NCCL records into a recorder of its own, not the one _dump_fr_trace reads (gloo's)
     dump = getattr(c10d, "_dump_nccl_trace", None) or c10d._dump_fr_trace
     trace = pickle.loads(dump(includeStackTraces=False))
-    return [(e["collective_seq_id"], e["profiling_name"], e["input_sizes"], e["state"],
-             e.get("duration_ms")) for e in trace["entries"]]
+    return [
+        (e["collective_seq_id"], e["profiling_name"], e["input_sizes"], e["state"], e.get("duration_ms"))
+        for e in trace["entries"]
+    ]

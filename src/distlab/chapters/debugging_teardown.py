@@ -11,6 +11,7 @@ in Python needs the GIL to do so. Each waits for the other: a deadlock. Destroye
 (``destroy_process_group`` dropping the last reference), the GIL is released while it waits.
 The labs therefore free the model before they destroy the group.
 """
+
 from __future__ import annotations
 
 import os
@@ -57,6 +58,7 @@ def exit_demo(report: str, free_model_first: bool, peer_delay_s: float = 2.0) ->
         nonlocal ticks
         while not done.wait(0.01):
             ticks += 1
+
     threading.Thread(target=count, daemon=True).start()
 
     start = time.perf_counter()

@@ -10,6 +10,7 @@ caller kills that process for real (SIGKILL: no handler, no clean-up, as a lost 
 
 Nothing in the labs knows about this: the waits are patched in from outside, here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 # where in a save rank 0 waits; Checkpoints.save runs dcp.save, then writes train_state.json and renames
 STALLS = {
@@ -54,12 +55,14 @@ def stall_on(save_number: int, where: str, marker: Path) -> None:
     setattr(owner, name, patched)
 
 
-def kill_when_stalled(marker: Path, timeout: float = 120, ready: Callable[[], bool] | None = None,
-                      stop: threading.Event | None = None) -> threading.Thread:
+def kill_when_stalled(
+    marker: Path, timeout: float = 120, ready: Callable[[], bool] | None = None, stop: threading.Event | None = None
+) -> threading.Thread:
     """Start a thread that SIGKILLs the process whose pid ``stall_on`` writes to ``marker``,
     as soon as it is there (or gives up after ``timeout`` seconds, or once ``stop`` is set);
     join it after the run. With ``ready``, the kill also waits (up to 10 s) until ``ready()``
     is true, e.g. until another rank has finished its part of the save."""
+
     def watch():
         deadline = time.monotonic() + timeout
         while not marker.exists() or not marker.read_text().strip():
@@ -99,21 +102,42 @@ def kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def torchrun_killing_a_rank(script: str | Path, args: list, after: Path, nprocs: int = 2, rank: int = 1,
-                            max_restarts: int = 1, timeout: float = 180) -> tuple[int, list[tuple[float, str]]]:
+def torchrun_killing_a_rank(
+    script: str | Path,
+    args: list,
+    after: Path,
+    nprocs: int = 2,
+    rank: int = 1,
+    max_restarts: int = 1,
+    timeout: float = 180,
+) -> tuple[int, list[tuple[float, str]]]:
     """Run ``torchrun --standalone --max-restarts`` on ``script``; SIGKILL global rank ``rank``
     as soon as the path ``after`` exists (say, the first checkpoint). Returns torchrun's exit
     code and its output lines, each with the seconds since the start; a ``KILLED`` line marks
     the kill. Everything is killed if it has not finished after ``timeout`` seconds."""
     start = time.monotonic()
     agent = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
-         f"--max-restarts={max_restarts}", "--monitor-interval=0.1", str(script), *map(str, args)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nprocs}",
+            f"--max-restarts={max_restarts}",
+            "--monitor-interval=0.1",
+            str(script),
+            *map(str, args),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     lines: list[tuple[float, str]] = []
-    reader = threading.Thread(target=lambda: lines.extend((time.monotonic() - start, ln.rstrip())
-                                                           for ln in agent.stdout), daemon=True)
+    reader = threading.Thread(
+        target=lambda: lines.extend((time.monotonic() - start, ln.rstrip()) for ln in agent.stdout), daemon=True
+    )
     reader.start()
     try:
         while not Path(after).exists():
@@ -135,8 +159,9 @@ def torchrun_killing_a_rank(script: str | Path, args: list, after: Path, nprocs:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="fault_injection.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="fault_injection.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--stall", required=True, choices=sorted(STALLS), help="where rank 0 waits")
     parser.add_argument("--save", type=int, required=True, help="in which save (1: the first)")
     parser.add_argument("--marker", type=Path, required=True, help="rank 0 writes its pid here once waiting")

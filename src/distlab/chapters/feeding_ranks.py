@@ -10,6 +10,7 @@ Two halves, both used by the chapter "Feeding the ranks" and checked by its test
   every rank cuts its own rows of the global batch (``own_shard``, what the labs do), or
   rank 0 builds the whole global batch and scatters the rows (``scatter_from_rank0``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,17 +70,25 @@ def expected_shards(order: list[int], world_size: int, drop_last: bool) -> list[
     return [full[r::world_size] for r in range(world_size)]
 
 
-def sampler_epochs(n: int, world_size: int, epochs: int = 1, shuffle: bool = True,
-                   drop_last: bool = False, set_epoch: bool = True, seed: int = 0
-                   ) -> list[list[list[int]]]:
+def sampler_epochs(
+    n: int,
+    world_size: int,
+    epochs: int = 1,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    set_epoch: bool = True,
+    seed: int = 0,
+) -> list[list[list[int]]]:
     """``[epoch][rank] -> indices`` from PyTorch's DistributedSampler, one sampler per rank.
 
     The samplers are made once and iterated once per epoch, as a training loop does;
     ``set_epoch=False`` is the loop that forgets to call ``sampler.set_epoch(epoch)``.
     """
     dataset = range(n)  # the sampler only asks for len(dataset)
-    samplers = [DistributedSampler(dataset, num_replicas=world_size, rank=r, shuffle=shuffle,
-                                   seed=seed, drop_last=drop_last) for r in range(world_size)]
+    samplers = [
+        DistributedSampler(dataset, num_replicas=world_size, rank=r, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        for r in range(world_size)
+    ]
     out = []
     for epoch in range(epochs):
         if set_epoch:
@@ -97,14 +106,16 @@ def visit_counts(shards: list[list[int]], n: int) -> list[int]:
 
 # --------------------------------------------------------------- two ways to feed ranks
 # --- begin strategies ---
-def own_shard(data: TokenData, step: int, global_batch: int, block_size: int, seed: int,
-              rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def own_shard(
+    data: TokenData, step: int, global_batch: int, block_size: int, seed: int, rank: int, world_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Every rank cuts its own rows: no communication, each rank needs the data."""
     return data.batch("train", step, global_batch, block_size, seed, rank, world_size)
 
 
-def scatter_from_rank0(data: TokenData | None, step: int, global_batch: int, block_size: int,
-                       seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def scatter_from_rank0(
+    data: TokenData | None, step: int, global_batch: int, block_size: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank 0 builds the global batch and sends each rank its rows; only rank 0 needs data."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if global_batch % world_size:
@@ -117,25 +128,32 @@ def scatter_from_rank0(data: TokenData | None, step: int, global_batch: int, blo
         chunks = [c.contiguous() for c in torch.stack([x, y]).chunk(world_size, dim=1)]
     dist.scatter(mine, chunks, src=0)  # rank 0 sends N-1 chunks and keeps its own
     return mine[0], mine[1]
+
+
 # --- end strategies ---
 
 
-def both_strategies(steps: int = 3, global_batch: int = 16, block_size: int = 64,
-                    seed: int = 1337) -> list[tuple[torch.Tensor, ...]]:
+def both_strategies(
+    steps: int = 3, global_batch: int = 16, block_size: int = 64, seed: int = 1337
+) -> list[tuple[torch.Tensor, ...]]:
     """On every rank: ``[(x_own, y_own, x_scattered, y_scattered) for each step]``."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     data = TokenData(load_corpus())
     out = []
     for step in range(steps):
         x_own, y_own = own_shard(data, step, global_batch, block_size, seed, rank, world_size)
-        x_sc, y_sc = scatter_from_rank0(data if rank == 0 else None, step, global_batch,
-                                        block_size, seed)
+        x_sc, y_sc = scatter_from_rank0(data if rank == 0 else None, step, global_batch, block_size, seed)
         out.append((x_own, y_own, x_sc, y_sc))
     return out
 
 
-def time_strategies(global_batches: tuple[int, ...] = (16, 64, 256), block_size: int = 256,
-                    batches: int = 30, warmup: int = 3, seed: int = 1337) -> dict:
+def time_strategies(
+    global_batches: tuple[int, ...] = (16, 64, 256),
+    block_size: int = 256,
+    batches: int = 30,
+    warmup: int = 3,
+    seed: int = 1337,
+) -> dict:
     """On every rank: seconds per batch of each strategy, ``{strategy: {B: [s, ...]}}``.
 
     The strategies take turns batch by batch, so a noisy neighbour on a shared machine
@@ -147,8 +165,7 @@ def time_strategies(global_batches: tuple[int, ...] = (16, 64, 256), block_size:
     data = TokenData(load_corpus())
     fetch = {
         "own_shard": lambda s, B: own_shard(data, s, B, block_size, seed, rank, world_size),
-        "scatter": lambda s, B: scatter_from_rank0(data if rank == 0 else None, s, B,
-                                                   block_size, seed),
+        "scatter": lambda s, B: scatter_from_rank0(data if rank == 0 else None, s, B, block_size, seed),
     }
     result: dict = {"rank": rank, "world_size": world_size, "block_size": block_size}
     result.update({name: {B: [] for B in global_batches} for name in fetch})

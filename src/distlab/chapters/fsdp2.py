@@ -7,6 +7,7 @@ and returns plain Python data for the FSDP2 chapter and ``distlab.bench.fsdp``:
     run_ranks(step_trace, nprocs=2, args=("tiny",))   # FSDP2's own profiler ranges, one step
     run_ranks(train, nprocs=2, args=("fsdp2",))       # losses, bytes per rank, tokens/s
 """
+
 from __future__ import annotations
 
 import functools
@@ -51,20 +52,32 @@ def wrap(strategy: str, model: GPT, device: torch.device):
         n = dist.get_world_size()
         mesh = init_device_mesh(device.type, (n // 2, 2), mesh_dim_names=("replicate", "shard"))
         return apply_fsdp(model, mesh=mesh)
-    return apply_fsdp(model, reshard_after_forward=strategy != "fsdp2-no-reshard",
-                      param_dtype=DTYPES["bf16"] if strategy == "fsdp2-bf16" else None)
+    return apply_fsdp(
+        model,
+        reshard_after_forward=strategy != "fsdp2-no-reshard",
+        param_dtype=DTYPES["bf16"] if strategy == "fsdp2-bf16" else None,
+    )
 
 
 def shard_table(preset_name: str = "tiny", strategy: str = "fsdp2") -> list[dict]:
     """For each parameter: its name, global shape, this rank's local shape and placements."""
     device = _device()
     model = wrap(strategy, _model(preset_name).to(device), device)
-    return [{"name": name, "global": tuple(p.shape), "local": tuple(p.to_local().shape),
-             "placements": str(p.placements)} for name, p in model.named_parameters()]
+    return [
+        {"name": name, "global": tuple(p.shape), "local": tuple(p.to_local().shape), "placements": str(p.placements)}
+        for name, p in model.named_parameters()
+    ]
 
 
-def train(strategy: str, preset_name: str = "tiny", steps: int = 5, global_batch: int = 16,
-          seed: int = 1337, lr: float = 1e-3, track_peak: bool = False) -> dict:
+def train(
+    strategy: str,
+    preset_name: str = "tiny",
+    steps: int = 5,
+    global_batch: int = 16,
+    seed: int = 1337,
+    lr: float = 1e-3,
+    track_peak: bool = False,
+) -> dict:
     """``steps`` AdamW steps under ``strategy``: global mean losses, step times, bytes per rank.
 
     ``state``: bytes of parameters, gradients and AdamW state this rank holds, counted from
@@ -97,13 +110,20 @@ def train(strategy: str, preset_name: str = "tiny", steps: int = 5, global_batch
         synchronize(device)
         start = time.perf_counter()
         if track_peak and i == steps - 1:
-            peak = _tracked(lambda: step(i), model, optimizer, strategy)
+            peak = _tracked(lambda i=i: step(i), model, optimizer, strategy)
         else:
             step(i)
         seconds.append(time.perf_counter() - start)
     timed = seconds[2:] or seconds
-    return {"strategy": strategy, "world_size": world, "losses": losses, "step_s": seconds,
-            "tokens_per_s": global_batch * T * len(timed) / sum(timed), "state": state, "peak": peak}
+    return {
+        "strategy": strategy,
+        "world_size": world,
+        "losses": losses,
+        "step_s": seconds,
+        "tokens_per_s": global_batch * T * len(timed) / sum(timed),
+        "state": state,
+        "peak": peak,
+    }
 
 
 def _tracked(run_step, model, optimizer, strategy: str) -> dict:
@@ -117,6 +137,7 @@ def _tracked(run_step, model, optimizer, strategy: str) -> dict:
             tracker = MemTracker()
             tracker.track_external(model, optimizer)
             return tracker
+
     tracker = Tracker(model, optimizer)
     with tracker:
         run_step()
@@ -132,18 +153,23 @@ def step_trace(preset_name: str = "tiny", reshard_after_forward: bool = True, gl
     device = _device()
     model = apply_fsdp(_model(preset_name).to(device), reshard_after_forward=reshard_after_forward)
     rank, world = dist.get_rank(), dist.get_world_size()
-    x, y = _data().batch("train", 0, global_batch, preset(preset_name).block_size, 0,
-                                          rank, world, device)
+    x, y = _data().batch("train", 0, global_batch, preset(preset_name).block_size, 0, rank, world, device)
     model(x, y)[1].backward()  # warm-up: the first step also builds FSDP2's lazy state
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         model(x, y)[1].backward()
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     t0 = events[0].time_range.start
-    spans = [(e.name, (e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3)
-             for e in events if e.name.startswith("FSDP::")]
+    spans = [
+        (e.name, (e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3)
+        for e in events
+        if e.name.startswith("FSDP::")
+    ]
     count = lambda prefix: sum(e.name.startswith(prefix) for e in events)  # noqa: E731
-    return {"spans": spans, "all_gathers": count("c10d::_allgather_base_"),
-            "reduce_scatters": count("c10d::_reduce_scatter_base_")}
+    return {
+        "spans": spans,
+        "all_gathers": count("c10d::_allgather_base_"),
+        "reduce_scatters": count("c10d::_reduce_scatter_base_"),
+    }
 
 
 def unsharded_between_forward_and_backward(preset_name: str = "tiny", reshard_after_forward: bool = True) -> int:
@@ -167,14 +193,25 @@ def mixed_precision_dtypes() -> dict[str, str]:
     model = apply_fsdp(_model("tiny").to(device), param_dtype=torch.bfloat16)
     seen = {}
     block = model.blocks[0]
-    block.register_forward_pre_hook(lambda m, args: seen.update(
-        {"parameter inside forward": str(m.attn.qkv.weight.dtype), "activation entering a block": str(args[0].dtype)}))
+    block.register_forward_pre_hook(
+        lambda m, args: seen.update(
+            {
+                "parameter inside forward": str(m.attn.qkv.weight.dtype),
+                "activation entering a block": str(args[0].dtype),
+            }
+        )
+    )
     x = torch.zeros(2, 8, dtype=torch.long, device=device)
     logits, loss = model(x, x)
     loss.backward()
     p = block.attn.qkv.weight
-    seen.update({"sharded parameter (kept)": str(p.dtype), "logits": str(logits.dtype),
-                 "gradient of the shard": str(p.grad.dtype)})
+    seen.update(
+        {
+            "sharded parameter (kept)": str(p.dtype),
+            "logits": str(logits.dtype),
+            "gradient of the shard": str(p.grad.dtype),
+        }
+    )
     return seen
 
 

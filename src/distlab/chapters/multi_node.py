@@ -20,6 +20,7 @@ worker that prints, as one JSON line, what torchrun told it: the environment var
 ``WORKER_ENV`` and whether MASTER_ADDR resolves and accepts a connection. It imports no
 torch, so such a worker starts in milliseconds.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,16 +38,39 @@ from pathlib import Path
 from distlab.infra.launch import LaunchTimeout, check_port_free, free_port
 from distlab.infra.paths import REPO_ROOT
 
-__all__ = ["Node", "free_port", "torchrun_command", "run_nodes", "shell", "WORKER_ENV",
-           "sbatch_directives", "run_sbatch_emulated", "SBATCH_SCRIPT", "EMULATED_SLURM"]
+__all__ = [
+    "Node",
+    "free_port",
+    "torchrun_command",
+    "run_nodes",
+    "shell",
+    "WORKER_ENV",
+    "sbatch_directives",
+    "run_sbatch_emulated",
+    "SBATCH_SCRIPT",
+    "EMULATED_SLURM",
+]
 
 # torchrun as the user types it, with this Python (so the subprocess sees the same torch)
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 # what torchrun (its elastic agent) sets in every worker's environment
-WORKER_ENV = ["RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
-              "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-              "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "OMP_NUM_THREADS"]
+WORKER_ENV = [
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "OMP_NUM_THREADS",
+]
 
 
 @dataclass
@@ -65,23 +89,31 @@ class Node:
         return lines[-1] if lines else ""
 
 
-def torchrun_command(target: list[str], *, nnodes: int, nproc_per_node: int, endpoint: str,
-                     run_id: str, extra: list[str] = ()) -> list[str]:
+def torchrun_command(
+    target: list[str], *, nnodes: int, nproc_per_node: int, endpoint: str, run_id: str, extra: list[str] = ()
+) -> list[str]:
     """The command one node runs: the same on every node, as on a cluster.
 
     ``target`` is what follows torchrun's own options: a script and its arguments, or
     ``["-m", "module"]``. ``extra`` holds further torchrun options (``--local-addr=...``,
     ``--rdzv-conf=join_timeout=5``, ...).
     """
-    return [*TORCHRUN, f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
-            *extra, *map(str, target)]
+    return [
+        *TORCHRUN,
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={run_id}",
+        *extra,
+        *map(str, target),
+    ]
 
 
 def shell(command: list[str]) -> str:
     """A command as a person would type it: ``torchrun``, paths relative to the repository."""
-    if command[:len(TORCHRUN)] == TORCHRUN:
-        command = ["torchrun", *command[len(TORCHRUN):]]
+    if command[: len(TORCHRUN)] == TORCHRUN:
+        command = ["torchrun", *command[len(TORCHRUN) :]]
     return shlex.join(command).replace(f"{REPO_ROOT}/", "")
 
 
@@ -109,8 +141,14 @@ def _listening(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-def run_nodes(commands: list[list[str]], timeout: float, env: dict | None = None,
-              port: int = 0, first_alone: bool = False, cwd: str | os.PathLike = REPO_ROOT) -> list[Node]:
+def run_nodes(
+    commands: list[list[str]],
+    timeout: float,
+    env: dict | None = None,
+    port: int = 0,
+    first_alone: bool = False,
+    cwd: str | os.PathLike = REPO_ROOT,
+) -> list[Node]:
     """Run each command as one node, all at once; wait for all of them (at most ``timeout``
     seconds, then kill every process of every node and raise ``LaunchTimeout``).
 
@@ -144,8 +182,9 @@ def run_nodes(commands: list[list[str]], timeout: float, env: dict | None = None
                     time.sleep(0.05)
             outs.append((i, tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")))  # files: no pipe fills up
             # a session of its own: its process group is not ours, and a timeout can kill it whole
-            procs[i] = subprocess.Popen(commands[i], stdout=outs[-1][1], stderr=outs[-1][2], env=env,
-                                        cwd=cwd, start_new_session=True, text=True)
+            procs[i] = subprocess.Popen(
+                commands[i], stdout=outs[-1][1], stderr=outs[-1][2], env=env, cwd=cwd, start_new_session=True, text=True
+            )
             starts[i] = time.monotonic()
         ends = [None] * len(procs)
         while None in ends and time.monotonic() < deadline:
@@ -164,12 +203,18 @@ def run_nodes(commands: list[list[str]], timeout: float, env: dict | None = None
             out.close(), err.close()
         scratch.cleanup()
     if None in ends:
-        tails = "".join(f"\n--- node {i} (exit status {p.returncode}), last lines of stderr:\n"
-                        + "\n".join(err.splitlines()[-5:]) for i, (p, (_, err)) in enumerate(zip(procs, texts)))
-        raise LaunchTimeout(f"{len(commands)} node(s) did not finish within {timeout:.0f} s; "
-                            f"every process of every node was killed{tails}")
-    return [Node(command, proc.returncode, out, err, end - start)
-            for command, proc, start, end, (out, err) in zip(commands, procs, starts, ends, texts)]
+        tails = "".join(
+            f"\n--- node {i} (exit status {p.returncode}), last lines of stderr:\n" + "\n".join(err.splitlines()[-5:])
+            for i, (p, (_, err)) in enumerate(zip(procs, texts))
+        )
+        raise LaunchTimeout(
+            f"{len(commands)} node(s) did not finish within {timeout:.0f} s; "
+            f"every process of every node was killed{tails}"
+        )
+    return [
+        Node(command, proc.returncode, out, err, end - start)
+        for command, proc, start, end, (out, err) in zip(commands, procs, starts, ends, texts)
+    ]
 
 
 # ---------------------------------------------------------------- SLURM, emulated
@@ -190,8 +235,15 @@ def sbatch_directives(script: str | os.PathLike = SBATCH_SCRIPT) -> dict[str, st
     return options
 
 
-def run_sbatch_emulated(args: list[str], *, port: int, timeout: float, env: dict | None = None,
-                        script: str | os.PathLike = SBATCH_SCRIPT, check_port: bool = True) -> Node:
+def run_sbatch_emulated(
+    args: list[str],
+    *,
+    port: int,
+    timeout: float,
+    env: dict | None = None,
+    script: str | os.PathLike = SBATCH_SCRIPT,
+    check_port: bool = True,
+) -> Node:
     """Run a batch script as ``sbatch script *args`` would, on emulated nodes of this machine.
 
     Emulated: sbatch (this function sets the variables SLURM gives a batch job, with the node
@@ -206,15 +258,19 @@ def run_sbatch_emulated(args: list[str], *, port: int, timeout: float, env: dict
     nnodes = int(directives["nodes"])
     batch_env = {
         "PATH": os.pathsep.join([str(EMULATED_SLURM), str(Path(sys.executable).parent), os.environ["PATH"]]),
-        "SLURM_JOB_ID": str(port), "SLURM_JOB_NAME": Path(script).stem,  # a job id unique to this run
+        "SLURM_JOB_ID": str(port),
+        "SLURM_JOB_NAME": Path(script).stem,  # a job id unique to this run
         "SLURM_JOB_NODELIST": ",".join(["localhost"] * nnodes),
-        "SLURM_NNODES": str(nnodes), "SLURM_JOB_NUM_NODES": str(nnodes), "SLURM_SUBMIT_DIR": str(REPO_ROOT),
+        "SLURM_NNODES": str(nnodes),
+        "SLURM_JOB_NUM_NODES": str(nnodes),
+        "SLURM_SUBMIT_DIR": str(REPO_ROOT),
         **({"SLURM_CPUS_PER_TASK": directives["cpus-per-task"]} if "cpus-per-task" in directives else {}),
         "RDZV_PORT": str(port),
         **(env or {}),
     }
-    return run_nodes([["bash", str(script), *map(str, args)]], timeout=timeout, env=batch_env,
-                     port=port if check_port else 0)[0]
+    return run_nodes(
+        [["bash", str(script), *map(str, args)]], timeout=timeout, env=batch_env, port=port if check_port else 0
+    )[0]
 
 
 # ---------------------------------------------------------------- cleaning up
@@ -272,7 +328,9 @@ def report() -> dict:
     seen = {key: os.environ.get(key) for key in WORKER_ENV}
     addr, port = seen["MASTER_ADDR"], int(seen["MASTER_PORT"] or 0)
     try:
-        seen["master_resolves_to"] = sorted({info[4][0] for info in socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)})
+        seen["master_resolves_to"] = sorted(
+            {info[4][0] for info in socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)}
+        )
     except (socket.gaierror, TypeError):
         seen["master_resolves_to"] = []
     try:

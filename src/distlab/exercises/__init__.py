@@ -16,6 +16,7 @@ starting with ``passed:`` that says what was compared, or raises an ``AssertionE
     Debugging                    3         check_lockstep_broadcast(program)
     Lab 2                        3         check_loads_ddp_state(load)
 """
+
 from distlab.exercises.accelerate import check_skips_sync
 from distlab.exercises.activation_checkpointing import check_attention_only_policy
 from distlab.exercises.collectives import check_all_reduce
@@ -24,6 +25,13 @@ from distlab.exercises.fault_tolerance import check_kill_during_shard_writes
 from distlab.exercises.fsdp_scratch import check_bf16_unit, check_sgd_exposes_missing_division
 from distlab.exercises.lab2_ddp import check_loads_ddp_state
 
-__all__ = ["check_all_reduce", "check_sgd_exposes_missing_division", "check_bf16_unit",
-           "check_attention_only_policy", "check_skips_sync", "check_kill_during_shard_writes",
-           "check_lockstep_broadcast", "check_loads_ddp_state"]
+__all__ = [
+    "check_all_reduce",
+    "check_sgd_exposes_missing_division",
+    "check_bf16_unit",
+    "check_attention_only_policy",
+    "check_skips_sync",
+    "check_kill_during_shard_writes",
+    "check_lockstep_broadcast",
+    "check_loads_ddp_state",
+]

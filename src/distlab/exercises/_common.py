@@ -1,7 +1,8 @@
 """What every checker shares: run the reader's code on ranks, and say how it went in one line."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -13,8 +14,15 @@ def passed(message: str) -> None:
     print(f"passed: {message}")
 
 
-def on_ranks(fn: Callable, nprocs: int, what: str, timeout: float = 60, pg_timeout: float = 10,
-             init_group: bool = True, device: str = "auto") -> list:
+def on_ranks(
+    fn: Callable,
+    nprocs: int,
+    what: str,
+    timeout: float = 60,
+    pg_timeout: float = 10,
+    init_group: bool = True,
+    device: str = "auto",
+) -> list:
     """``run_ranks`` for a checker: the reader's code may raise or wait forever in a collective.
 
     A short process-group timeout turns a collective that one rank never joins into an error
@@ -22,11 +30,13 @@ def on_ranks(fn: Callable, nprocs: int, what: str, timeout: float = 60, pg_timeo
     both come back as an AssertionError that names the rank and the cause.
     """
     try:
-        return run_ranks(fn, nprocs=nprocs, timeout=timeout, pg_timeout=pg_timeout,
-                         init_group=init_group, device=device, quiet=True)
+        return run_ranks(
+            fn, nprocs=nprocs, timeout=timeout, pg_timeout=pg_timeout, init_group=init_group, device=device, quiet=True
+        )
     except LaunchTimeout:
-        raise AssertionError(f"{what} did not finish on {nprocs} ranks within {timeout:.0f} s; "
-                             "every rank was killed") from None
+        raise AssertionError(
+            f"{what} did not finish on {nprocs} ranks within {timeout:.0f} s; every rank was killed"
+        ) from None
     except RankFailed as failure:
         hint = ""
         if "Timed out" in failure.summary:
@@ -34,8 +44,9 @@ def on_ranks(fn: Callable, nprocs: int, what: str, timeout: float = 60, pg_timeo
         elif any(sign in failure.summary for sign in ("SIGABRT", "Connection closed", "Connection reset")):
             hint = " (the ranks' collectives did not pair up: one rank called one the others did not, or stopped early)"
         # the rank's traceback travels in the chained RankFailed
-        raise AssertionError(f"{what} failed on {nprocs} ranks: rank {failure.rank}: "
-                             f"{failure.summary}{hint}") from failure
+        raise AssertionError(
+            f"{what} failed on {nprocs} ranks: rank {failure.rank}: {failure.summary}{hint}"
+        ) from failure
 
 
 def rank_device() -> torch.device:

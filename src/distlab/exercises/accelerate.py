@@ -1,10 +1,11 @@
 """Accelerate, exercise 3: lab 6's --fsdp on CPU skips the gradient sync while micro-batches accumulate."""
+
 from __future__ import annotations
 
 import contextlib
 import functools
 import math
-from typing import Callable
+from collections.abc import Callable
 from unittest import mock
 
 import torch
@@ -27,8 +28,9 @@ def _lab6_step(accelerator, sync_context: Callable | None) -> dict:
     model = apply_fsdp(GPT(cfg, seed=1).to(rank_device()))  # move first, then shard
     optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-3))  # the model is not Accelerate's
     rows = MICRO_BATCHES * ROWS_PER_MICRO_BATCH
-    x, y = torch.randint(0, 65, (2, rows * n, cfg.block_size), generator=torch.Generator().manual_seed(0)
-                         ).to(rank_device())
+    x, y = torch.randint(0, 65, (2, rows * n, cfg.block_size), generator=torch.Generator().manual_seed(0)).to(
+        rank_device()
+    )
     mine = slice(rank * rows, (rank + 1) * rows)
     # count the reduce-scatters FSDP2 issues (it calls dist.reduce_scatter_single); the profiler
     # would tell the same, at seconds of overhead per step
@@ -65,25 +67,33 @@ def check_skips_sync(sync_context: Callable, nprocs: int = 2) -> None:
     around each micro-batch, must make lab 6's CPU FSDP2 step reduce-scatter once per unit
     per optimizer step, with the gradient norm of the unchanged step."""
     require_callable(sync_context, "sync_context", "def sync_context(accelerator, model): ...")
-    steps = on_ranks(functools.partial(_both_steps, sync_context), nprocs, "lab 6's step with your context",
-                     init_group=False)  # Accelerate starts the process group itself, as in lab 6
+    steps = on_ranks(
+        functools.partial(_both_steps, sync_context), nprocs, "lab 6's step with your context", init_group=False
+    )  # Accelerate starts the process group itself, as in lab 6
     for rank, step in enumerate(steps):
         unchanged, yours = step["unchanged"], step["yours"]
         units, count = unchanged["units"], yours["reduce_scatters"]
         if count == 0:
-            raise AssertionError(f"rank {rank}: no reduce-scatter ran in the step (gradient norm "
-                                 f"{yours['grad_norm']:.6f}): the last micro-batch must sync; skip only while "
-                                 "accelerator.sync_gradients is False")
+            raise AssertionError(
+                f"rank {rank}: no reduce-scatter ran in the step (gradient norm "
+                f"{yours['grad_norm']:.6f}): the last micro-batch must sync; skip only while "
+                "accelerator.sync_gradients is False"
+            )
         if count != units:
             raise AssertionError(
                 f"rank {rank}: {count} reduce-scatters in one step of {MICRO_BATCHES} micro-batches, "
                 f"{count / units:g} per unit; expected 1 per unit ({units} in all; the unchanged lab runs "
-                f"{unchanged['reduce_scatters']}, one per unit per micro-batch)")
+                f"{unchanged['reduce_scatters']}, one per unit per micro-batch)"
+            )
         off = abs(yours["grad_norm"] - unchanged["grad_norm"]) / unchanged["grad_norm"]
         if off > 1e-6:
-            raise AssertionError(f"rank {rank}: gradient norm {yours['grad_norm']:.7f} with your context, "
-                                 f"{unchanged['grad_norm']:.7f} unchanged ({off:.1e} relative, tolerance 1e-6)")
+            raise AssertionError(
+                f"rank {rank}: gradient norm {yours['grad_norm']:.7f} with your context, "
+                f"{unchanged['grad_norm']:.7f} unchanged ({off:.1e} relative, tolerance 1e-6)"
+            )
     step = steps[0]
-    passed(f"one step of {MICRO_BATCHES} micro-batches on {nprocs} ranks ran {step['yours']['reduce_scatters']} "
-           f"reduce-scatters (1 per unit) instead of {step['unchanged']['reduce_scatters']}, and its gradient norm "
-           f"{step['yours']['grad_norm']:.7f} equals the unchanged step's to 1e-6 relative")
+    passed(
+        f"one step of {MICRO_BATCHES} micro-batches on {nprocs} ranks ran {step['yours']['reduce_scatters']} "
+        f"reduce-scatters (1 per unit) instead of {step['unchanged']['reduce_scatters']}, and its gradient norm "
+        f"{step['yours']['grad_norm']:.7f} equals the unchanged step's to 1e-6 relative"
+    )

@@ -1,8 +1,9 @@
 """Collectives, exercise 3: an all-reduce built from a reduce-scatter and an all-gather."""
+
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -13,8 +14,10 @@ from distlab.exercises._common import on_ranks, passed, preview, rank_device, re
 def _cases(rank: int, n: int) -> dict[str, torch.Tensor]:
     # integer values: float sums are then exact in any order, so "equal" means equal
     gen = torch.Generator().manual_seed(100 + rank)  # different values on every rank
-    return {f"a 1-D float32 tensor of {4 * n} elements": torch.randint(-50, 50, (4 * n,), generator=gen).float(),
-            f"a 2-D float32 tensor of shape (2, {3 * n})": torch.randint(-50, 50, (2, 3 * n), generator=gen).float()}
+    return {
+        f"a 1-D float32 tensor of {4 * n} elements": torch.randint(-50, 50, (4 * n,), generator=gen).float(),
+        f"a 2-D float32 tensor of shape (2, {3 * n})": torch.randint(-50, 50, (2, 3 * n), generator=gen).float(),
+    }
 
 
 def _all_reduce_on_rank(all_reduce: Callable) -> list[dict]:
@@ -25,9 +28,17 @@ def _all_reduce_on_rank(all_reduce: Callable) -> list[dict]:
         expected = t.clone()
         dist.all_reduce(expected)
         returned = all_reduce(t)
-        reports.append({"case": case, "holds": t.cpu(), "expected": expected.cpu(),
-                        "returned_the_sum": isinstance(returned, torch.Tensor) and returned is not t
-                        and returned.shape == expected.shape and torch.equal(returned, expected)})
+        reports.append(
+            {
+                "case": case,
+                "holds": t.cpu(),
+                "expected": expected.cpu(),
+                "returned_the_sum": isinstance(returned, torch.Tensor)
+                and returned is not t
+                and returned.shape == expected.shape
+                and torch.equal(returned, expected),
+            }
+        )
     return reports
 
 
@@ -44,10 +55,14 @@ def check_all_reduce(all_reduce: Callable, world_sizes: tuple[int, ...] = (2, 3)
                 if r["returned_the_sum"]:
                     raise AssertionError(
                         f"on {n} ranks, rank {rank}: your all_reduce returned the sum in a new tensor but left "
-                        f"its input unchanged ({r['case']}); an all-reduce works in place, as dist.all_reduce does")
+                        f"its input unchanged ({r['case']}); an all-reduce works in place, as dist.all_reduce does"
+                    )
                 diff = (r["holds"] - r["expected"]).abs().max().item()
                 raise AssertionError(
                     f"on {n} ranks, rank {rank} holds {preview(r['holds'])} after your all_reduce of "
-                    f"{r['case']}; expected the sum over ranks {preview(r['expected'])}, max abs diff {diff:g}")
-    passed(f"your all_reduce equals dist.all_reduce exactly (integer-valued float32, so no rounding) "
-           f"on {' and '.join(map(str, world_sizes))} ranks, for 1-D and 2-D tensors, in place")
+                    f"{r['case']}; expected the sum over ranks {preview(r['expected'])}, max abs diff {diff:g}"
+                )
+    passed(
+        f"your all_reduce equals dist.all_reduce exactly (integer-valued float32, so no rounding) "
+        f"on {' and '.join(map(str, world_sizes))} ranks, for 1-D and 2-D tensors, in place"
+    )

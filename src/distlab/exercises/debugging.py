@@ -1,14 +1,15 @@
 """Debugging, exercise 3: a broadcast from two branches that Lockstep accepts."""
+
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from distlab.tools.debug import CollectiveMismatch, Lockstep
 from distlab.exercises._common import on_ranks, passed, preview, require_callable
+from distlab.tools.debug import CollectiveMismatch, Lockstep
 
 
 def _program_on_rank(program: Callable) -> dict:
@@ -40,5 +41,7 @@ def check_lockstep_broadcast(program: Callable, nprocs: int = 3) -> None:
         if not (isinstance(held, torch.Tensor) and held.shape == weights.shape and torch.equal(held, weights)):
             shown = preview(held) if isinstance(held, torch.Tensor) else repr(held)
             raise AssertionError(f"rank {rank} holds {shown} after your program; rank 0 broadcast {preview(weights)}")
-    passed(f"Lockstep saw the same {reports[0]['calls']} call(s) on all {nprocs} ranks, and every rank holds "
-           f"rank 0's weights exactly")
+    passed(
+        f"Lockstep saw the same {reports[0]['calls']} call(s) on all {nprocs} ranks, and every rank holds "
+        f"rank 0's weights exactly"
+    )

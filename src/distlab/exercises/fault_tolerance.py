@@ -1,23 +1,39 @@
 """Resume and fault tolerance, exercise 4: kill rank 1 in the middle of writing its shard file."""
+
 from __future__ import annotations
 
 import functools
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from distlab.chapters.fault_tolerance import kill_when_stalled
 from distlab.checkpoint import latest
 from distlab.exercises._common import on_ranks, passed, require_callable
-from distlab.chapters.fault_tolerance import kill_when_stalled
 from distlab.infra.launch import _script_entry
 from distlab.infra.paths import REPO_ROOT
 
 LAB2 = REPO_ROOT / "src" / "labs" / "lab2_ddp.py"
 # two steps, a checkpoint after each: save 1 completes (the sizes to expect), save 2 is killed
-LAB2_ARGS = ("--preset", "tiny", "--steps", "2", "--checkpoint-every", "1", "--keep-checkpoints", "0",
-             "--eval-every", "1000", "--eval-batches", "1", "--sample-chars", "0", "--no-progress")
+LAB2_ARGS = (
+    "--preset",
+    "tiny",
+    "--steps",
+    "2",
+    "--checkpoint-every",
+    "1",
+    "--keep-checkpoints",
+    "0",
+    "--eval-every",
+    "1000",
+    "--eval-batches",
+    "1",
+    "--sample-chars",
+    "0",
+    "--no-progress",
+)
 STALLED_RANK, STALLED_SAVE = 1, 2
 
 
@@ -56,18 +72,26 @@ def _check_in(work: Path, stall: Callable, timeout: float) -> None:
         return marker.exists() and bool(marker.read_text().strip())
 
     try:
-        on_ranks(functools.partial(_lab2_rank, stall, marker, out), 2, "lab 2 with your stall",
-                 timeout=timeout, init_group=False)
+        on_ranks(
+            functools.partial(_lab2_rank, stall, marker, out),
+            2,
+            "lab 2 with your stall",
+            timeout=timeout,
+            init_group=False,
+        )
     except AssertionError as failure:  # the run must fail: rank 1 is killed
         if not stalled():
-            raise AssertionError(f"rank {STALLED_RANK} never wrote its pid to the marker, so it was never killed: "
-                                 f"{failure}") from failure
+            raise AssertionError(
+                f"rank {STALLED_RANK} never wrote its pid to the marker, so it was never killed: {failure}"
+            ) from failure
     finally:
         stop.set()
         watcher.join()
     if not stalled():
-        raise AssertionError(f"lab 2 finished: your stall never made rank {STALLED_RANK} wait in save "
-                             f"{STALLED_SAVE} (does it patch a method that every rank calls while writing?)")
+        raise AssertionError(
+            f"lab 2 finished: your stall never made rank {STALLED_RANK} wait in save "
+            f"{STALLED_SAVE} (does it patch a method that every rank calls while writing?)"
+        )
     killed_pid = int(marker.read_text())
     full = {r: _size(done / f"__{r}_0.distcp") for r in (0, 1)}  # save 1: complete files of the same tensors
     left = {r: _size(partial / f"__{r}_0.distcp") for r in (0, 1)}
@@ -78,13 +102,18 @@ def _check_in(work: Path, stall: Callable, timeout: float) -> None:
     if left[0] != full[0]:
         raise AssertionError(f"rank 0's __0_0.distcp holds {left[0]} bytes of {full[0]}: rank 0 did not finish")
     if not left[1]:
-        raise AssertionError(f"rank 1's __1_0.distcp is {'empty' if left[1] == 0 else 'missing'}: "
-                             "the kill landed before its writes, not during them")
+        raise AssertionError(
+            f"rank 1's __1_0.distcp is {'empty' if left[1] == 0 else 'missing'}: "
+            "the kill landed before its writes, not during them"
+        )
     if left[1] >= full[1]:
-        raise AssertionError(f"rank 1's __1_0.distcp is complete ({left[1]:,} bytes): "
-                             "the kill landed after its writes, not during them")
+        raise AssertionError(
+            f"rank 1's __1_0.distcp is complete ({left[1]:,} bytes): the kill landed after its writes, not during them"
+        )
     if latest(out / "checkpoints") != done:
         raise AssertionError(f"latest() picks {latest(out / 'checkpoints')}, not {done.name}")
-    passed(f"rank 1 (pid {killed_pid}) was killed inside its shard writes of save {STALLED_SAVE}: {partial.name} "
-           f"holds rank 0's complete __0_0.distcp ({left[0]:,} bytes), a partial __1_0.distcp ({left[1]:,} of "
-           f"{full[1]:,} bytes) and no .metadata; latest() still picks {done.name}")
+    passed(
+        f"rank 1 (pid {killed_pid}) was killed inside its shard writes of save {STALLED_SAVE}: {partial.name} "
+        f"holds rank 0's complete __0_0.distcp ({left[0]:,} bytes), a partial __1_0.distcp ({left[1]:,} of "
+        f"{full[1]:,} bytes) and no .metadata; latest() still picks {done.name}"
+    )

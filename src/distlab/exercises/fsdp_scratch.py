@@ -1,17 +1,18 @@
 """FSDP from scratch, exercises 3 and 4: SGD exposes a missing division; bf16 mixed precision."""
+
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 from unittest import mock
 
 import torch
 import torch.distributed as dist
 
-from distlab.scratch import fsdp as fsdp_scratch
 from distlab.exercises._common import on_ranks, passed, rank_device, relative_difference
-from distlab.scratch.fsdp import FlatShardUnit, shard_model, unit_parameters
 from distlab.model import GPT, preset
+from distlab.scratch import fsdp as fsdp_scratch
+from distlab.scratch.fsdp import FlatShardUnit, shard_model, unit_parameters
 
 ROWS_PER_RANK = 4
 AGREE = 1e-5  # relative: float rounding between N ranks and one process (the chapter measures ~1e-7)
@@ -64,29 +65,37 @@ def _train(make_optimizer: Callable, unit_class: type | None, steps: int) -> dic
 
 
 def _three_runs(make_optimizer: Callable, summing_unit: type, steps: int) -> dict:
-    return {"averaged": _train(make_optimizer, FlatShardUnit, steps),
-            "summed": _train(make_optimizer, summing_unit, steps),
-            "one process": _train(make_optimizer, None, steps)}
+    return {
+        "averaged": _train(make_optimizer, FlatShardUnit, steps),
+        "summed": _train(make_optimizer, summing_unit, steps),
+        "one process": _train(make_optimizer, None, steps),
+    }
 
 
 def _worst(losses: list[float], reference: list[float]) -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
 
 
-def check_sgd_exposes_missing_division(make_optimizer: Callable, summing_unit: type,
-                                       steps: int = 3, nprocs: int = 2) -> None:
+def check_sgd_exposes_missing_division(
+    make_optimizer: Callable, summing_unit: type, steps: int = 3, nprocs: int = 2
+) -> None:
     """Train the tiny GPT with ``make_optimizer(params)`` three ways: the chapter's unit
     (averages), ``summing_unit`` (the unit without the division by N) and one process. The
     averaging run must match one process, and the summing run must visibly not."""
     _require_unit_class(summing_unit)
-    runs = on_ranks(functools.partial(_three_runs, make_optimizer, summing_unit, steps), nprocs,
-                    "training with your optimizer and unit")[0]
+    runs = on_ranks(
+        functools.partial(_three_runs, make_optimizer, summing_unit, steps),
+        nprocs,
+        "training with your optimizer and unit",
+    )[0]
     reference = runs["one process"]["losses"]
     averaged = _worst(runs["averaged"]["losses"], reference)
     if averaged > AGREE:
-        raise AssertionError(f"with your optimizer even the chapter's averaging unit differs from one process "
-                             f"by {averaged:.1e} relative (more than {AGREE:g}): does make_optimizer use the "
-                             "parameters it is given?")
+        raise AssertionError(
+            f"with your optimizer even the chapter's averaging unit differs from one process "
+            f"by {averaged:.1e} relative (more than {AGREE:g}): does make_optimizer use the "
+            "parameters it is given?"
+        )
     ratio = runs["summed"]["grad_norm"] / runs["averaged"]["grad_norm"]
     if abs(ratio - nprocs) > 1e-3 * nprocs:
         hint = "it still divides by N" if abs(ratio - 1) < 1e-3 else f"without the division it should be {nprocs}"
@@ -96,19 +105,30 @@ def check_sgd_exposes_missing_division(make_optimizer: Callable, summing_unit: t
         raise AssertionError(
             f"with your optimizer, leaving out the division changes the losses by only {summed:.1e} relative "
             f"(the runs agree to rounding, {AGREE:g}): the comparison cannot see the bug. An optimizer whose "
-            "step does not depend on the gradient's scale (AdamW) hides it; take one whose step does")
-    passed(f"with your optimizer, averaging matches one process to {averaged:.1e} relative over {steps} steps "
-           f"on {nprocs} ranks (tolerance {AGREE:g}); leaving out the division gives {ratio:.2f}x the gradient "
-           f"and losses off by {summed:.1e} (more than {SEES:g}): the loss comparison now catches the bug")
+            "step does not depend on the gradient's scale (AdamW) hides it; take one whose step does"
+        )
+    passed(
+        f"with your optimizer, averaging matches one process to {averaged:.1e} relative over {steps} steps "
+        f"on {nprocs} ranks (tolerance {AGREE:g}); leaving out the division gives {ratio:.2f}x the gradient "
+        f"and losses off by {summed:.1e} (more than {SEES:g}): the loss comparison now catches the bug"
+    )
 
 
 def _parameter_names_by_unit(model: torch.nn.Module) -> list[list[str]]:
     """The names of each unit's parameters in the order the unit flattens them."""
     module_name = {m: name for name, m in model.named_modules()}
     named = dict(model.named_parameters())  # a tied parameter appears under one of its names
-    return [[next(f"{module_name[m]}.{attr}".lstrip(".") for m, attr in owners
-                  if f"{module_name[m]}.{attr}".lstrip(".") in named) for owners in slots.values()]
-            for _, _, slots in unit_parameters(model)]
+    return [
+        [
+            next(
+                f"{module_name[m]}.{attr}".lstrip(".")
+                for m, attr in owners
+                if f"{module_name[m]}.{attr}".lstrip(".") in named
+            )
+            for owners in slots.values()
+        ]
+        for _, _, slots in unit_parameters(model)
+    ]
 
 
 def _bf16_step_on_rank(unit_class: type) -> dict:
@@ -133,14 +153,20 @@ def _bf16_step_on_rank(unit_class: type) -> dict:
     report = {"seen": seen, "units": []}
     for unit, unit_names in zip(fsdp.units, names):
         grad = unit.shard.grad
-        entry = {"unit": unit.name, "shard": unit.shard.dtype, "worst": None,
-                 "grad": None if grad is None else grad.dtype}
+        entry = {
+            "unit": unit.name,
+            "shard": unit.shard.dtype,
+            "worst": None,
+            "grad": None if grad is None else grad.dtype,
+        }
         if grad is not None:  # reassemble the whole flat gradient, then cut it into parameters
             full = torch.empty(grad.numel() * n, dtype=torch.float32, device=grad.device)
             dist.all_gather_single(full, grad.detach().float().contiguous())
             pieces = torch.split(full.cpu(), unit.numels + [unit.padding])
-            entry["worst"] = max((relative_difference(g.view(shape), want[name]), name)
-                                 for g, shape, name in zip(pieces, unit.shapes, unit_names))
+            entry["worst"] = max(
+                (relative_difference(g.view(shape), want[name]), name)
+                for g, shape, name in zip(pieces, unit.shapes, unit_names)
+            )
         report["units"].append(entry)
     return report
 
@@ -151,28 +177,39 @@ def check_bf16_unit(unit_class: type, world_sizes: tuple[int, ...] = (2, 3), tol
     _require_unit_class(unit_class)
     worst_seen = 0.0
     for n in world_sizes:
-        for rank, report in enumerate(on_ranks(functools.partial(_bf16_step_on_rank, unit_class), n,
-                                               "one step with your bf16 unit")):
+        for rank, report in enumerate(
+            on_ranks(functools.partial(_bf16_step_on_rank, unit_class), n, "one step with your bf16 unit")
+        ):
             if report["seen"] != [torch.bfloat16]:
-                raise AssertionError(f"on {n} ranks, block 0's qkv Linear computed with {report['seen']} weights; "
-                                     "expected bfloat16: gather must all-gather the shard as bf16 into a bf16 full")
+                raise AssertionError(
+                    f"on {n} ranks, block 0's qkv Linear computed with {report['seen']} weights; "
+                    "expected bfloat16: gather must all-gather the shard as bf16 into a bf16 full"
+                )
             for u in report["units"]:
                 where = f"on {n} ranks, rank {rank}, {u['unit']}"
                 if u["shard"] != torch.float32:
-                    raise AssertionError(f"{where}: the shard is {u['shard']}; "
-                                         "the shards (and AdamW's state) stay float32")
+                    raise AssertionError(
+                        f"{where}: the shard is {u['shard']}; the shards (and AdamW's state) stay float32"
+                    )
                 if u["grad"] is None:
-                    raise AssertionError(f"{where}: the shard got no gradient; "
-                                         "is _post_backward hooked to the bf16 full?")
+                    raise AssertionError(
+                        f"{where}: the shard got no gradient; is _post_backward hooked to the bf16 full?"
+                    )
                 if u["grad"] != torch.float32:
-                    raise AssertionError(f"{where}: shard.grad is {u['grad']}; it must be float32 (cast full.grad "
-                                         "before the reduce-scatter, accumulate into the fp32 shard)")
+                    raise AssertionError(
+                        f"{where}: shard.grad is {u['grad']}; it must be float32 (cast full.grad "
+                        "before the reduce-scatter, accumulate into the fp32 shard)"
+                    )
                 diff, name = u["worst"]
                 if diff > tolerance:
-                    raise AssertionError(f"{where}: the gradient of {name} differs from FSDP2's mixed precision by "
-                                         f"{diff:.1e} relative (tolerance {tolerance:g}); a factor of N means a "
-                                         "missing division")
+                    raise AssertionError(
+                        f"{where}: the gradient of {name} differs from FSDP2's mixed precision by "
+                        f"{diff:.1e} relative (tolerance {tolerance:g}); a factor of N means a "
+                        "missing division"
+                    )
                 worst_seen = max(worst_seen, diff)
-    passed(f"your unit computes in bfloat16 with float32 shards and gradients; its gradients equal FSDP2's "
-           f"MixedPrecisionPolicy(bf16, reduce fp32) to {worst_seen:.1e} relative (tolerance {tolerance:g}, "
-           f"what a bf16 reduction would cost) on {' and '.join(map(str, world_sizes))} ranks")
+    passed(
+        f"your unit computes in bfloat16 with float32 shards and gradients; its gradients equal FSDP2's "
+        f"MixedPrecisionPolicy(bf16, reduce fp32) to {worst_seen:.1e} relative (tolerance {tolerance:g}, "
+        f"what a bf16 reduction would cost) on {' and '.join(map(str, world_sizes))} ranks"
+    )

@@ -1,8 +1,9 @@
 """Lab 2, exercise 3: load a state dict saved from the DDP wrapper into a plain GPT."""
+
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -34,14 +35,19 @@ def check_loads_ddp_state(load: Callable) -> None:
         load(model, copy.deepcopy(saved["wrapper"]))
     except Exception as error:
         message = " ".join(str(error).split())  # load_state_dict's message spans lines
-        raise AssertionError(f"your load raised {type(error).__name__}: {message[:240]}... "
-                             f"(the saved keys look like {first_key!r})") from error
+        raise AssertionError(
+            f"your load raised {type(error).__name__}: {message[:240]}... (the saved keys look like {first_key!r})"
+        ) from error
     loaded = model.state_dict()
     for name, want in saved["inner"].items():
         got = loaded[name]
         if not torch.equal(got, want):
             diff = (got - want).abs().max().item()
-            raise AssertionError(f"after your load, {name} differs from the saved model's (max abs diff {diff:.3g}): "
-                                 "was it skipped (strict=False loads nothing whose key does not match)?")
-    passed(f"all {len(saved['inner'])} tensors of a state dict saved from a DDP wrapper ({first_key!r}, ...) "
-           "are in the plain GPT, exactly")
+            raise AssertionError(
+                f"after your load, {name} differs from the saved model's (max abs diff {diff:.3g}): "
+                "was it skipped (strict=False loads nothing whose key does not match)?"
+            )
+    passed(
+        f"all {len(saved['inner'])} tensors of a state dict saved from a DDP wrapper ({first_key!r}, ...) "
+        "are in the plain GPT, exactly"
+    )

@@ -3,6 +3,7 @@
 A hand-copied diff drifts from the code (Accelerate's by_feature examples and several
 PyTorch tutorials did); this one is computed from ``src/labs`` every time a page builds.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -28,5 +29,4 @@ def show_lab_diff(old: str, new: str):
     from IPython.display import Markdown
 
     removed, added = changed_lines(old, new)
-    return Markdown(f"`{old}` → `{new}`: {added} lines added, {removed} removed\n\n"
-                    f"```diff\n{lab_diff(old, new)}\n```")
+    return Markdown(f"`{old}` → `{new}`: {added} lines added, {removed} removed\n\n```diff\n{lab_diff(old, new)}\n```")

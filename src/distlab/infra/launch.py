@@ -12,6 +12,7 @@ endless loop cannot hang the notebook), and functions defined in the notebook it
 (they travel by value with cloudpickle). A rank that fails raises ``RankFailed`` here,
 naming the rank and carrying its error.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,13 +26,13 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 
 from distlab.infra.paths import REPO_ROOT
-
 
 
 class RankFailed(RuntimeError):
@@ -65,13 +66,13 @@ def check_port_free(port: int) -> None:
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
-            raise PortInUse(f"port {port} on 127.0.0.1 is already in use; pick another or omit it "
-                            "to let the OS choose a free one") from None
+            raise PortInUse(
+                f"port {port} on 127.0.0.1 is already in use; pick another or omit it to let the OS choose a free one"
+            ) from None
 
 
 # ---------------------------------------------------------------- inside each rank
-def _rank_entry(fn_bytes: bytes, args: tuple, device_request: str, pg_timeout_s: float,
-                init_group: bool) -> Any:
+def _rank_entry(fn_bytes: bytes, args: tuple, device_request: str, pg_timeout_s: float, init_group: bool) -> Any:
     """What every rank runs: join the process group, call the function, leave."""
     import torch.distributed as dist
 
@@ -141,7 +142,6 @@ def _failure_report(err, log_dir: str) -> tuple[int, str, str]:
     return rank, summary, details
 
 
-
 def _launcher_main(spec_path: str) -> None:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -150,12 +150,19 @@ def _launcher_main(spec_path: str) -> None:
     spec = pickle.loads(Path(spec_path).read_bytes())
     log_dir = tempfile.mkdtemp(prefix="distlab-logs-")
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=spec["nprocs"], run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{spec['port']}",  # 0: the OS picks a free one
-        rdzv_configs={"timeout": 60}, max_restarts=0, monitor_interval=0.1,
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=spec["nprocs"],
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{spec['port']}",  # 0: the OS picks a free one
+        rdzv_configs={"timeout": 60},
+        max_restarts=0,
+        monitor_interval=0.1,
         # fork, not spawn: a function's ranks start from this process, torch already imported
         # (measured ~40% faster per launch); it has touched no GPU, so forking is safe
-        start_method="fork", local_addr="127.0.0.1",
+        start_method="fork",
+        local_addr="127.0.0.1",
         logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL),
         log_line_prefix_template="[rank${rank}] ",
     )
@@ -176,8 +183,13 @@ def _launcher_main(spec_path: str) -> None:
 # torch._dynamo too: a rank's first optimizer step, and elastic's logging of a failure, import
 # it (about 1.4 s each time); imported here once, a 2-step lab 2 run went from 2.3 to 1.0 s
 # and a failing launch from 2.5 to 0.6 s
-_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.elastic.multiprocessing",
-            "torch.distributed.launcher.api", "cloudpickle"]
+_PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "torch.distributed.elastic.multiprocessing",
+    "torch.distributed.launcher.api",
+    "cloudpickle",
+]
 
 
 def _context():
@@ -227,33 +239,44 @@ _CONNECT_FAILED = "Gloo connectFullMesh failed"
 _LAUNCH_ATTEMPTS = 3
 
 
-def _launch(entrypoint, args: tuple, nprocs: int, timeout: float, device: str,
-            quiet: bool, port: int = 0) -> list:
+def _launch(entrypoint, args: tuple, nprocs: int, timeout: float, device: str, quiet: bool, port: int = 0) -> list:
     for attempt in range(1, _LAUNCH_ATTEMPTS + 1):
         try:
             return _launch_once(entrypoint, args, nprocs, timeout, device, quiet, port)
         except RankFailed as failure:
             if _CONNECT_FAILED not in str(failure) or attempt == _LAUNCH_ATTEMPTS:
                 raise
-            print(f"distlab.infra.launch: gloo could not connect the ranks ({failure.summary[:90]}...); "
-                  f"launching again ({attempt + 1} of {_LAUNCH_ATTEMPTS})", file=sys.stderr, flush=True)
+            print(
+                f"distlab.infra.launch: gloo could not connect the ranks ({failure.summary[:90]}...); "
+                f"launching again ({attempt + 1} of {_LAUNCH_ATTEMPTS})",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
-def _launch_once(entrypoint, args: tuple, nprocs: int, timeout: float, device: str,
-                 quiet: bool, port: int = 0) -> list:
+def _launch_once(entrypoint, args: tuple, nprocs: int, timeout: float, device: str, quiet: bool, port: int = 0) -> list:
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
     if port:
         check_port_free(port)
     with tempfile.TemporaryDirectory(prefix="distlab-launch-") as tmp:
         spec_path, result_path = Path(tmp, "spec.pkl"), Path(tmp, "result.pkl")
-        spec_path.write_bytes(pickle.dumps({
-            "entrypoint": entrypoint, "args": args, "nprocs": nprocs,
-            "result_path": str(result_path), "port": port,
-        }))
+        spec_path.write_bytes(
+            pickle.dumps(
+                {
+                    "entrypoint": entrypoint,
+                    "args": args,
+                    "nprocs": nprocs,
+                    "result_path": str(result_path),
+                    "port": port,
+                }
+            )
+        )
         log_path = Path(tmp, "output.log")
         log_path.touch()
-        proc = _context().Process(target=_launcher_child, args=(str(spec_path), str(log_path), _rank_env(nprocs, device)))
+        proc = _context().Process(
+            target=_launcher_child, args=(str(spec_path), str(log_path), _rank_env(nprocs, device))
+        )
         proc.start()
         output: list[str] = []
         muted = threading.Event()  # set once we kill the ranks: their dying words are noise
@@ -320,9 +343,16 @@ def _kill_session(proc) -> None:
         pass
 
 
-def run_ranks(fn: Callable, nprocs: int = 2, args: tuple = (), timeout: float = 120,
-              device: str = "auto", pg_timeout: float = 60, init_group: bool = True,
-              quiet: bool = False) -> list:
+def run_ranks(
+    fn: Callable,
+    nprocs: int = 2,
+    args: tuple = (),
+    timeout: float = 120,
+    device: str = "auto",
+    pg_timeout: float = 60,
+    init_group: bool = True,
+    quiet: bool = False,
+) -> list:
     """Run ``fn(*args)`` on ``nprocs`` ranks; returns ``[result of rank 0, rank 1, ...]``.
 
     Each rank has joined the default process group (gloo on CPU, NCCL on GPU, with a
@@ -333,8 +363,15 @@ def run_ranks(fn: Callable, nprocs: int = 2, args: tuple = (), timeout: float = 
     return _launch(_rank_entry, payload, nprocs, timeout, device, quiet)
 
 
-def run_script(script: str | os.PathLike, args: list[str] = (), nprocs: int = 1,
-               timeout: float = 600, device: str = "auto", quiet: bool = False, port: int = 0) -> None:
+def run_script(
+    script: str | os.PathLike,
+    args: list[str] = (),
+    nprocs: int = 1,
+    timeout: float = 600,
+    device: str = "auto",
+    quiet: bool = False,
+    port: int = 0,
+) -> None:
     """Run ``python script *args`` on ``nprocs`` ranks, as ``torchrun`` would.
 
     A relative ``script`` is looked up from the repository root, so notebooks anywhere
@@ -347,4 +384,3 @@ def run_script(script: str | os.PathLike, args: list[str] = (), nprocs: int = 1,
     if not path.is_file():
         raise FileNotFoundError(f"no script at {path}")
     _launch(_script_entry, (str(path), tuple(map(str, args))), nprocs, timeout, device, quiet, port)
-

@@ -1,4 +1,5 @@
 """Where things are in the repository: one definition, for everything that runs from it."""
+
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # src/distlab/infra/paths.py -> the repository

@@ -1,7 +1,8 @@
 """Rows of dicts as a Markdown table, for notebook pages (rendered as an HTML table in the book).
 
-    markdown_table([{"ranks": 2, "MB": 82.21}], formats={"MB": "{:.1f}"})
+markdown_table([{"ranks": 2, "MB": 82.21}], formats={"MB": "{:.1f}"})
 """
+
 from __future__ import annotations
 
 

@@ -9,6 +9,7 @@ Every function that talks runs inside a rank that has joined the default process
 (``distlab.infra.launch.run_ranks`` does that); ``ring_schedule`` and the cost model are plain
 Python.
 """
+
 from __future__ import annotations
 
 import torch
@@ -60,6 +61,8 @@ def ring_all_reduce(tensor: torch.Tensor, max_steps: int | None = None) -> torch
     if not contiguous:
         tensor.copy_(flat.view(tensor.shape))
     return tensor
+
+
 # --- end ring ---
 
 
@@ -75,8 +78,7 @@ def ring_schedule(n_ranks: int) -> list[dict]:
     """
     n = n_ranks
     holds = [[frozenset({r})] * n for r in range(n)]  # at the start each rank has only its own data
-    entries = [dict(phase="start", step=0, sends=[None] * n, receives=[None] * n,
-                    holds=[row[:] for row in holds])]
+    entries = [dict(phase="start", step=0, sends=[None] * n, receives=[None] * n, holds=[row[:] for row in holds])]
     for phase, offset in (("reduce-scatter", 0), ("all-gather", 1)):
         for step in range(n - 1):
             sends = [(r - step + offset) % n for r in range(n)]
@@ -89,8 +91,9 @@ def ring_schedule(n_ranks: int) -> list[dict]:
                     holds[r][c] = before[r][c] | before[left][c]
                 else:  # all-gather: the incoming chunk is complete, and replaces ours
                     holds[r][c] = before[left][c]
-            entries.append(dict(phase=phase, step=step + 1, sends=sends, receives=receives,
-                                holds=[row[:] for row in holds]))
+            entries.append(
+                dict(phase=phase, step=step + 1, sends=sends, receives=receives, holds=[row[:] for row in holds])
+            )
     return entries
 
 

@@ -16,6 +16,7 @@ The devices may all be the CPU (replicas then share the cores) or several GPUs.
     logits, losses = dp(x, y)      # losses: one mean loss per replica
     losses.mean().backward()       # gradients land in model.parameters()
 """
+
 from __future__ import annotations
 
 import threading
@@ -30,6 +31,7 @@ import torch.nn as nn
 @dataclass
 class Span:
     """One timed piece of a step: what ran, on which thread, from when to when (seconds)."""
+
     lane: str
     phase: str
     start: float
@@ -95,14 +97,20 @@ def parallel_apply(replicas: list[nn.Module], inputs: list[tuple], trace: list[S
     """
     grad_enabled = torch.is_grad_enabled()
     device_type = inputs[0][0].device.type
-    autocast = dict(device_type=device_type, enabled=torch.is_autocast_enabled(device_type),
-                    dtype=torch.get_autocast_dtype(device_type))
+    autocast = dict(
+        device_type=device_type,
+        enabled=torch.is_autocast_enabled(device_type),
+        dtype=torch.get_autocast_dtype(device_type),
+    )
     results: list = [None] * len(replicas)
 
     def work(i: int) -> None:
         try:
-            with torch.set_grad_enabled(grad_enabled), torch.autocast(**autocast), \
-                    _timed(trace, f"thread {i}", "forward"):
+            with (
+                torch.set_grad_enabled(grad_enabled),
+                torch.autocast(**autocast),
+                _timed(trace, f"thread {i}", "forward"),
+            ):
                 results[i] = replicas[i](*inputs[i])
         except BaseException as e:  # re-raised by the caller, with the replica named
             results[i] = e
@@ -157,7 +165,7 @@ class ScratchDataParallel(nn.Module):
         if len(chunks) == 1:  # one device (or a one-row batch): nothing to parallelise
             return self.module(*chunks[0])
         with _timed(self.trace, "main", "replicate"):
-            replicas = replicate(self.module, self.devices[:len(chunks)])
+            replicas = replicate(self.module, self.devices[: len(chunks)])
         with _timed(self.trace, "main", "threads"):
             outputs = self.apply(replicas, chunks)
         with _timed(self.trace, "main", "gather"):

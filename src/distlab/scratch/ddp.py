@@ -18,6 +18,7 @@ Each wrapper is used like torch's DDP, plus one call after ``loss.backward()``:
     asynchronously while backward goes on, and we wait only before the optimizer step.
     This is what torch DDP's C++ Reducer does.
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,6 +52,8 @@ class NaiveDDP(_DataParallelBase):
             if p.grad is not None:
                 dist.all_reduce(p.grad)  # sum over ranks
                 p.grad.div_(self.world_size)  # ... and the sum of means / N is the global mean
+
+
 # --- end naive ---
 
 
@@ -70,6 +73,8 @@ class HookDDP(_DataParallelBase):
 
     def finish_gradient_sync(self) -> None:
         pass  # nothing left: every hook already reduced its gradient
+
+
 # --- end hooks ---
 
 
@@ -77,8 +82,7 @@ class HookDDP(_DataParallelBase):
 class _Bucket:
     def __init__(self, params: list[nn.Parameter]):
         self.params = params
-        self.buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
-                                  device=params[0].device)
+        self.buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
         self.offsets = {}  # parameter -> where its gradient lives in the flat buffer
         start = 0
         for p in params:
@@ -118,8 +122,7 @@ class BucketedDDP(_DataParallelBase):
         bucket.pending -= 1
         # launch in bucket order on every rank: collectives pair up by order, not by name,
         # so a rank launching bucket 2 before bucket 1 would sum the wrong tensors together
-        while (self.next_to_launch < len(self.buckets)
-               and self.buckets[self.next_to_launch].pending == 0):
+        while self.next_to_launch < len(self.buckets) and self.buckets[self.next_to_launch].pending == 0:
             ready = self.buckets[self.next_to_launch]
             ready.work = dist.all_reduce(ready.buffer, async_op=True)  # overlaps with backward
             self.next_to_launch += 1
@@ -127,9 +130,11 @@ class BucketedDDP(_DataParallelBase):
     def finish_gradient_sync(self) -> None:
         if self.next_to_launch < len(self.buckets):
             missing = [p.shape for b in self.buckets for p in b.params if p.grad is None]
-            raise RuntimeError(f"{len(missing)} parameter(s) got no gradient this step (shapes "
-                               f"{missing[:3]}): an unused parameter stalls its bucket forever; "
-                               "torch DDP's find_unused_parameters=True exists for this")
+            raise RuntimeError(
+                f"{len(missing)} parameter(s) got no gradient this step (shapes "
+                f"{missing[:3]}): an unused parameter stalls its bucket forever; "
+                "torch DDP's find_unused_parameters=True exists for this"
+            )
         for bucket in self.buckets:
             bucket.work.wait()  # the only point where backward waits for the network
             bucket.buffer.div_(self.world_size)
@@ -138,6 +143,8 @@ class BucketedDDP(_DataParallelBase):
                 p.grad.copy_(bucket.buffer[start:end].view_as(p.grad))
             bucket.pending, bucket.work = len(bucket.params), None
         self.next_to_launch = 0
+
+
 # --- end buckets ---
 
 

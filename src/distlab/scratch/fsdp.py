@@ -13,6 +13,7 @@ slice as an ``nn.Parameter``. The full flat tensor exists only while the unit co
     forward:  all-gather -> forward -> free (blocks; the root keeps it for backward)
     backward: all-gather again (if freed) -> backward -> reduce-scatter the gradient -> free
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,6 +29,7 @@ import torch.nn as nn
 @dataclass
 class Event:
     """One timed piece of a step on this rank (seconds from ``time.perf_counter``)."""
+
     unit: str  # "root", "block 0", ...
     what: str  # "all-gather", "forward", "backward", "reduce-scatter" or "free"
     start: float
@@ -42,6 +44,7 @@ def unit_parameters(model: nn.Module) -> list[tuple[str, nn.Module, dict]]:
     is stored, gathered and reduced once. The same traversal on an unwrapped copy of the
     model gives the same order, which is how the tests line a shard up with a reference.
     """
+
     def slots(modules):
         found: dict[nn.Parameter, list[tuple[nn.Module, str]]] = {}
         for m in modules:
@@ -59,7 +62,7 @@ class FlatShardUnit:
     """One unit's parameters as a padded flat tensor: a 1/N shard kept, the rest gathered on use."""
 
     # --- begin shard ---
-    def __init__(self, name: str, module: nn.Module, slots: dict, owner: "ScratchFSDP"):
+    def __init__(self, name: str, module: nn.Module, slots: dict, owner: ScratchFSDP):
         self.name, self.owner, self.is_root = name, owner, module is owner.model
         self.group = owner.group
         rank, n = dist.get_rank(self.group), dist.get_world_size(self.group)
@@ -67,8 +70,9 @@ class FlatShardUnit:
         self.shapes, self.numels = [p.shape for p in params], [p.numel() for p in params]
         total = sum(self.numels)
         self.padding = math.ceil(total / n) * n - total  # so that N equal slices cover it
-        flat = torch.cat([p.detach().reshape(-1) for p in params]
-                         + [params[0].new_zeros(self.padding)]).float()  # (padded,)
+        flat = torch.cat(
+            [p.detach().reshape(-1) for p in params] + [params[0].new_zeros(self.padding)]
+        ).float()  # (padded,)
         # this rank's slice is the only lasting copy: the optimizer sees nothing else
         self.shard = nn.Parameter(flat.chunk(n)[rank].clone())  # (padded / N,)
         module.register_parameter("flat_shard", self.shard)
@@ -83,6 +87,7 @@ class FlatShardUnit:
         module.register_forward_pre_hook(self._pre_forward)
         module.register_forward_hook(self._post_forward)
         self.full.register_post_accumulate_grad_hook(self._post_backward)
+
     # --- end shard ---
 
     def _point_modules_at(self, tensors: list) -> None:
@@ -92,8 +97,7 @@ class FlatShardUnit:
 
     def _record(self, what: str, start: float) -> None:
         if self.owner.trace is not None:
-            self.owner.trace.append(Event(self.name, what, start, time.perf_counter(),
-                                          self.owner.gathered_bytes()))
+            self.owner.trace.append(Event(self.name, what, start, time.perf_counter(), self.owner.gathered_bytes()))
 
     # --- begin gather ---
     def gather(self) -> None:
@@ -124,8 +128,11 @@ class FlatShardUnit:
 
     def _post_forward(self, module, args, output):
         self._record("forward", self.forward_start)
-        outputs = [t for t in (output if isinstance(output, tuple) else (output,))
-                   if isinstance(t, torch.Tensor) and t.requires_grad]
+        outputs = [
+            t
+            for t in (output if isinstance(output, tuple) else (output,))
+            if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
         # ZeRO-3: keep nothing but the shard until backward. Not the root: backward starts
         # with the head, which needs the root's parameters at once. No backward, no keeping.
         if not outputs or (self.owner.reshard_after_forward and not self.is_root):
@@ -137,6 +144,7 @@ class FlatShardUnit:
     def _pre_backward(self, grad) -> None:
         self.gather()
         self.backward_start = time.perf_counter()
+
     # --- end gather ---
 
     # --- begin reduce ---
@@ -157,6 +165,7 @@ class FlatShardUnit:
         full.grad = None  # the full gradient goes too
         self._record("reduce-scatter", start)
         self.free()
+
     # --- end reduce ---
 
 
@@ -164,8 +173,13 @@ class ScratchFSDP:
     """The units of one model, sharded over ``group`` (None: all ranks); ``trace`` (a
     list) collects ``Event``s when given."""
 
-    def __init__(self, model: nn.Module, reshard_after_forward: bool = True,
-                 trace: list[Event] | None = None, group: dist.ProcessGroup | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        reshard_after_forward: bool = True,
+        trace: list[Event] | None = None,
+        group: dist.ProcessGroup | None = None,
+    ):
         self.model, self.reshard_after_forward, self.trace = model, reshard_after_forward, trace
         self.group, self.units = group, []
         for name, module, slots in unit_parameters(model):  # all found before any is sharded
@@ -176,9 +190,12 @@ class ScratchFSDP:
         return sum(u.full.untyped_storage().nbytes() for u in self.units)
 
 
-def shard_model(model: nn.Module, reshard_after_forward: bool = True,
-                trace: list[Event] | None = None, group: dist.ProcessGroup | None = None
-                ) -> ScratchFSDP:
+def shard_model(
+    model: nn.Module,
+    reshard_after_forward: bool = True,
+    trace: list[Event] | None = None,
+    group: dist.ProcessGroup | None = None,
+) -> ScratchFSDP:
     """Shard ``model`` in place (call on every rank of ``group``, all holding the same weights)."""
     return ScratchFSDP(model, reshard_after_forward, trace, group)
 
@@ -187,11 +204,19 @@ def shard_model(model: nn.Module, reshard_after_forward: bool = True,
 @functools.lru_cache(maxsize=1)
 def _token_data():
     from distlab.data import TokenData, load_corpus
+
     return TokenData(load_corpus())  # encoding the corpus is slow: once per process
 
 
-def train(kind: str, steps: int = 10, global_batch: int = 16, seed: int = 1337, lr: float = 1e-3,
-          reshard_after_forward: bool = True, trace: list[Event] | None = None) -> dict:
+def train(
+    kind: str,
+    steps: int = 10,
+    global_batch: int = 16,
+    seed: int = 1337,
+    lr: float = 1e-3,
+    reshard_after_forward: bool = True,
+    trace: list[Event] | None = None,
+) -> dict:
     """Train the tiny GPT on this rank's rows of each global batch, with fused AdamW.
 
     ``kind``: ``scratch`` (this file), ``fsdp2`` (torch's ``fully_shard``, through
@@ -230,4 +255,6 @@ def train(kind: str, steps: int = 10, global_batch: int = 16, seed: int = 1337, 
             dist.all_reduce(loss)  # SUM of the ranks' means: divide for the global mean
         losses.append(loss.item() / n)
     return {"kind": kind, "world_size": n, "losses": losses, "state_bytes": first_step_bytes}
+
+
 # --- end compare ---

@@ -8,12 +8,12 @@ Presentation only: every number comes from ``distlab.tools.memory_calculator``. 
 embeds ``calculator_data()`` as JSON and its inline script multiplies those coefficients;
 the widget calls ``estimate()`` directly, and ``format_estimate`` prints what it returns.
 """
+
 from __future__ import annotations
 
 import json
 
-from distlab.tools.memory_calculator import (
-    DTYPES, GB, MODELS, OPTIMIZERS, PARTS, STRATEGIES, calculator_data, estimate)
+from distlab.tools.memory_calculator import DTYPES, GB, MODELS, OPTIMIZERS, PARTS, STRATEGIES, calculator_data, estimate
 
 
 def format_bytes(n: float) -> str:
@@ -135,14 +135,15 @@ def calculator_widget():
     import matplotlib.pyplot as plt
 
     controls = {
-        "model": w.Dropdown(description="model", options=[(v["label"], k) for k, v in MODELS.items()]
-                            + [("free parameter count", "free")]),
+        "model": w.Dropdown(
+            description="model",
+            options=[(v["label"], k) for k, v in MODELS.items()] + [("free parameter count", "free")],
+        ),
         "free_billions": w.FloatText(7.5, description="free: billions"),
         "ranks": w.BoundedIntText(8, min=1, max=1024, description="ranks N"),
         "dtype": w.Dropdown(options=list(DTYPES), description="precision"),
         "optimizer": w.Dropdown(options=list(OPTIMIZERS), description="optimizer"),
-        "strategy": w.Dropdown(description="strategy",
-                               options=[(v["label"], k) for k, v in STRATEGIES.items()]),
+        "strategy": w.Dropdown(description="strategy", options=[(v["label"], k) for k, v in STRATEGIES.items()]),
         "group_size": w.BoundedIntText(4, min=1, max=1024, description="group g"),
         "activation_checkpointing": w.Checkbox(False, description="activation checkpointing"),
         "micro_batch": w.BoundedIntText(8, min=1, max=4096, description="micro-batch"),
@@ -162,7 +163,9 @@ def calculator_widget():
             if est[part]:
                 ax.barh(0, est[part] / GB, left=left / GB, label=part)
                 left += est[part]
-        ax.set_yticks([]); ax.set_xlabel("GB per rank"); ax.legend(ncol=4, fontsize=8)
+        ax.set_yticks([])
+        ax.set_xlabel("GB per rank")
+        ax.legend(ncol=4, fontsize=8)
         plt.show()
 
     return w.VBox([w.VBox(list(controls.values())), w.interactive_output(show, controls)])
@@ -170,7 +173,9 @@ def calculator_widget():
 
 def format_estimate(est: dict) -> str:
     """The calculator's table as text: one line per part, then the total."""
-    shown = {part: "n/a (no architecture)" if est[part] is None else format_bytes(est[part])
-             for part in (*PARTS, "activations")}
+    shown = {
+        part: "n/a (no architecture)" if est[part] is None else format_bytes(est[part])
+        for part in (*PARTS, "activations")
+    }
     lines = [f"{part:12} {text:>22}" for part, text in shown.items()]
     return "\n".join(lines + [f"{'total':12} {format_bytes(est['total']):>22}"])

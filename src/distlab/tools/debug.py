@@ -7,6 +7,7 @@
 
 They are debug aids: each costs a collective of its own, so switch them on to hunt a bug.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,12 +48,15 @@ class Lockstep:
         def checked(tensor, *args, **kwargs):
             self.check(collective.__name__, tensor, sys._getframe(1))  # frame of the caller
             return collective(tensor, *args, **kwargs)
+
         return checked
 
     def check(self, op: str, tensor: torch.Tensor, frame) -> None:
         source = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-        call = (f"#{self.count} {op}({str(tensor.dtype)[6:]}{list(tensor.shape)}) at "
-                f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} `{source}`")
+        call = (
+            f"#{self.count} {op}({str(tensor.dtype)[6:]}{list(tensor.shape)}) at "
+            f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} `{source}`"
+        )
         # a hash from hashlib, not hash(): str hashes differ between processes (PYTHONHASHSEED)
         digest = int.from_bytes(hashlib.blake2b(call.encode(), digest_size=7).digest(), "little")
         mine = torch.tensor([self.count, digest])
@@ -63,8 +67,12 @@ class Lockstep:
             return
         calls = [None] * len(everyone)  # only now send the readable descriptions
         dist.all_gather_object(calls, call, group=self.group)
-        raise CollectiveMismatch("ranks are about to run different collectives:\n"
-                                 + "\n".join(f"  rank {r}: {c}" for r, c in enumerate(calls)))
+        raise CollectiveMismatch(
+            "ranks are about to run different collectives:\n"
+            + "\n".join(f"  rank {r}: {c}" for r, c in enumerate(calls))
+        )
+
+
 # --- end lockstep ---
 
 
@@ -81,16 +89,21 @@ def check_replicas(model: nn.Module, group=None) -> None:
     weights, but replicas that drift apart change them at once.
     """
     names, params = zip(*model.named_parameters())
-    mine = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
-                        for p in params]).cpu()  # (n_params, 2)
+    mine = torch.stack(
+        [torch.stack([p.detach().double().sum(), p.detach().double().square().sum()]) for p in params]
+    ).cpu()  # (n_params, 2)
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(everyone, mine, group=group)
     for rank, theirs in enumerate(everyone):
         differs = (theirs != everyone[0]).any(dim=1).nonzero()
         if len(differs):
             i = differs[0].item()
-            raise ReplicasDiverged(f"rank {rank}'s '{names[i]}' differs from rank 0's: sums "
-                                   f"{theirs[i, 0].item():.9g} vs {everyone[0][i, 0].item():.9g}")
+            raise ReplicasDiverged(
+                f"rank {rank}'s '{names[i]}' differs from rank 0's: sums "
+                f"{theirs[i, 0].item():.9g} vs {everyone[0][i, 0].item():.9g}"
+            )
+
+
 # --- end replicas ---
 
 

@@ -11,6 +11,7 @@ Activations are not sharded by data parallelism: each rank keeps those of its ow
 micro-batch. This module is the one source of truth: the page in ``distlab.tools.calculator_page``
 (HTML form and ipywidgets) only multiplies the coefficients ``calculator_data()`` exports.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,7 @@ PARTS = ("params", "grads", "optimizer")
 # --- begin coefficients ---
 # bytes per parameter of the weights and gradients the forward/backward pass uses, and of the
 # fp32 copy of the weights that mixed precision keeps for the optimizer ("master" weights)
-DTYPES = {"fp32": {"params": 4, "grads": 4, "master": 0},
-          "bf16_mixed": {"params": 2, "grads": 2, "master": 4}}
+DTYPES = {"fp32": {"params": 4, "grads": 4, "master": 0}, "bf16_mixed": {"params": 2, "grads": 2, "master": 4}}
 # fp32 optimizer state per parameter: AdamW's two moments, SGD's momentum buffer, plain SGD none
 OPTIMIZERS = {"adamw": 8, "sgd_momentum": 4, "sgd": 0}
 # --- end coefficients ---
@@ -42,10 +42,12 @@ STRATEGIES = {
     "zero3": {"label": "ZeRO-3 = FSDP2 fully_shard", "sharded": PARTS, "divisor": "ranks"},
     # reshard_after_forward=False keeps every unit's gathered parameters from forward to
     # backward, so during the step the parameters are whole on every rank, as in ZeRO-2
-    "fsdp2_no_reshard": {"label": "FSDP2 reshard_after_forward=False",
-                         "sharded": ("optimizer", "grads"), "divisor": "ranks"},
-    "hybrid": {"label": "hybrid: shard in groups of g, replicate across", "sharded": PARTS,
-               "divisor": "group"},
+    "fsdp2_no_reshard": {
+        "label": "FSDP2 reshard_after_forward=False",
+        "sharded": ("optimizer", "grads"),
+        "divisor": "ranks",
+    },
+    "hybrid": {"label": "hybrid: shard in groups of g, replicate across", "sharded": PARTS, "divisor": "group"},
 }
 # --- end strategies ---
 
@@ -74,8 +76,7 @@ def bytes_per_param(dtype: str = "fp32", optimizer: str = "adamw") -> dict[str, 
     _choice("dtype", dtype, DTYPES)
     _choice("optimizer", optimizer, OPTIMIZERS)
     d = DTYPES[dtype]
-    return {"params": d["params"], "grads": d["grads"],
-            "optimizer": d["master"] + OPTIMIZERS[optimizer]}
+    return {"params": d["params"], "grads": d["grads"], "optimizer": d["master"] + OPTIMIZERS[optimizer]}
 
 
 def divisor(strategy: str, ranks: int, group_size: int | None = None) -> int:
@@ -86,13 +87,21 @@ def divisor(strategy: str, ranks: int, group_size: int | None = None) -> int:
     if STRATEGIES[strategy]["divisor"] == "ranks":
         return ranks
     if not isinstance(group_size, int) or group_size < 1 or ranks % group_size:
-        raise ValueError(f"hybrid sharding needs a group size g that divides the {ranks} ranks "
-                         f"(shard within g, replicate across ranks/g), got g={group_size!r}")
+        raise ValueError(
+            f"hybrid sharding needs a group size g that divides the {ranks} ranks "
+            f"(shard within g, replicate across ranks/g), got g={group_size!r}"
+        )
     return group_size
 
 
-def per_rank_bytes(n_params: float, ranks: int, dtype: str = "fp32", optimizer: str = "adamw",
-                   strategy: str = "ddp", group_size: int | None = None) -> dict[str, float]:
+def per_rank_bytes(
+    n_params: float,
+    ranks: int,
+    dtype: str = "fp32",
+    optimizer: str = "adamw",
+    strategy: str = "ddp",
+    group_size: int | None = None,
+) -> dict[str, float]:
     """Model-state bytes on each rank: ``coef * n_params / (divisor if sharded else 1)`` per part."""
     d = divisor(strategy, ranks, group_size)
     coef = bytes_per_param(dtype, optimizer)
@@ -105,26 +114,27 @@ def per_rank_bytes(n_params: float, ranks: int, dtype: str = "fp32", optimizer: 
 def zero_paper_bytes(psi: float, n_d: int, stage: int, k: int = 12) -> float:
     """The paper's own formulas (its Figure 1): baseline (2+2+K)Ψ, P_os 4Ψ + KΨ/N_d,
     P_os+g 2Ψ + (2+K)Ψ/N_d, P_os+g+p (4+K)Ψ/N_d."""
-    return [(4 + k) * psi, 4 * psi + k * psi / n_d, 2 * psi + (2 + k) * psi / n_d,
-            (4 + k) * psi / n_d][stage]
+    return [(4 + k) * psi, 4 * psi + k * psi / n_d, 2 * psi + (2 + k) * psi / n_d, (4 + k) * psi / n_d][stage]
 
 
 # Table 1 of the paper (arXiv 1910.02054, Section 5.2), per-device GB, printed as strings
 # because the printed digits are part of the check: {model: {stage: [N_d=1, 4, 16, 64, 256, 1024]}}
 PAPER_DP = (1, 4, 16, 64, 256, 1024)
 PAPER_TABLE_1 = {
-    7.5e9: {1: "120 52.5 35.6 31.4 30.4 30.1", 2: "120 41.3 21.6 16.6 15.4 15.1",
-            3: "120 30 7.5 1.88 0.47 0.12"},
+    7.5e9: {1: "120 52.5 35.6 31.4 30.4 30.1", 2: "120 41.3 21.6 16.6 15.4 15.1", 3: "120 30 7.5 1.88 0.47 0.12"},
     128e9: {1: "2048 896 608 536 518 513", 2: "2048 704 368 284 263 257", 3: "2048 512 128 32 8 2"},
-    1e12: {1: "16000 7000 4750 4187 4046 4011", 2: "16000 5500 2875 2218 2054 2013",
-           3: "16000 4000 1000 250 62.5 15.6"},
+    1e12: {
+        1: "16000 7000 4750 4187 4046 4011",
+        2: "16000 5500 2875 2218 2054 2013",
+        3: "16000 4000 1000 250 62.5 15.6",
+    },
 }
 
 
 def agrees_with_print(value: float, printed: str) -> str | None:
     """'rounded' or 'truncated' if ``value`` printed to ``printed``'s decimals gives it, else None."""
     decimals = len(printed.partition(".")[2])
-    scale = 10 ** decimals
+    scale = 10**decimals
     if math.floor(value * scale + 0.5 + 1e-9) / scale == float(printed):
         return "rounded"
     if math.floor(value * scale + 1e-9) / scale == float(printed):
@@ -133,8 +143,7 @@ def agrees_with_print(value: float, printed: str) -> str | None:
 
 
 # --- begin activations ---
-def activation_bytes(cfg: GPTConfig, batch: int, seq_len: int,
-                     checkpointing: bool = False) -> dict[str, int]:
+def activation_bytes(cfg: GPTConfig, batch: int, seq_len: int, checkpointing: bool = False) -> dict[str, int]:
     """Activation bytes on one rank for a micro-batch of ``batch`` sequences (fp32).
 
     ``saved``: what autograd keeps after the forward pass. Without checkpointing, every
@@ -144,14 +153,17 @@ def activation_bytes(cfg: GPTConfig, batch: int, seq_len: int,
     one block at a time and holds its activations until that block's backward is done.
     """
     if batch < 1 or not 1 <= seq_len <= cfg.block_size:
-        raise ValueError(f"need batch >= 1 and 1 <= seq_len <= block_size {cfg.block_size}, "
-                         f"got batch={batch}, seq_len={seq_len}")
+        raise ValueError(
+            f"need batch >= 1 and 1 <= seq_len <= block_size {cfg.block_size}, got batch={batch}, seq_len={seq_len}"
+        )
     full = activation_bytes_formula(cfg, batch, seq_len)
     if not checkpointing:
         return {"saved": full["total"], "recompute": 0, "peak": full["total"]}
     kept_inputs = cfg.n_layer * 4 * batch * seq_len * cfg.n_embd  # (B, T, C) fp32 per block
     saved = kept_inputs + full["outside_blocks"]
     return {"saved": saved, "recompute": full["per_block"], "peak": saved + full["per_block"]}
+
+
 # --- end activations ---
 
 
@@ -176,9 +188,17 @@ def model_params(model: str) -> float:
     return spec["params"] if "params" in spec else parameter_formula(spec["config"])
 
 
-def estimate(model: str | float, ranks: int, dtype: str = "fp32", optimizer: str = "adamw",
-             strategy: str = "ddp", group_size: int | None = None, micro_batch: int = 8,
-             seq_len: int | None = None, activation_checkpointing: bool = False) -> dict:
+def estimate(
+    model: str | float,
+    ranks: int,
+    dtype: str = "fp32",
+    optimizer: str = "adamw",
+    strategy: str = "ddp",
+    group_size: int | None = None,
+    micro_batch: int = 8,
+    seq_len: int | None = None,
+    activation_checkpointing: bool = False,
+) -> dict:
     """Everything the calculator shows: bytes per rank of each part and the total.
 
     ``model`` is a name in ``MODELS`` or a number of parameters; activations (peak, fp32)
@@ -189,8 +209,9 @@ def estimate(model: str | float, ranks: int, dtype: str = "fp32", optimizer: str
     cfg = MODELS[model].get("config") if isinstance(model, str) else None
     out["activations"] = None
     if cfg is not None:
-        out["activations"] = activation_bytes(cfg, micro_batch, seq_len or cfg.block_size,
-                                              activation_checkpointing)["peak"]
+        out["activations"] = activation_bytes(cfg, micro_batch, seq_len or cfg.block_size, activation_checkpointing)[
+            "peak"
+        ]
         out["total"] = out["total"] + out["activations"]
     return out
 
@@ -203,8 +224,9 @@ def fsdp2_local_rows(rows: int, ranks: int, rank: int) -> int:
     return max(0, min(rows, (rank + 1) * chunk) - rank * chunk)
 
 
-def exact_adamw_state_bytes(shapes: list[tuple[int, ...]], ranks: int, rank: int,
-                            fsdp2: bool, storage: bool = False) -> dict[str, int]:
+def exact_adamw_state_bytes(
+    shapes: list[tuple[int, ...]], ranks: int, rank: int, fsdp2: bool, storage: bool = False
+) -> dict[str, int]:
     """fp32 AdamW state on one rank, tensor by tensor, as DDP or FSDP2 lays it out.
 
     Under FSDP2 each tensor is split along dim 0. ``storage=False`` counts what ``to_local()``
@@ -226,15 +248,19 @@ def exact_adamw_state_bytes(shapes: list[tuple[int, ...]], ranks: int, rank: int
 
 def allocated_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Like ``state_bytes``, but the bytes of the storages behind the tensors, each counted once."""
+
     def storage_bytes(tensors) -> int:
         local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
         return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in local}.values())
 
     params = list(model.parameters())
-    out = {"params": storage_bytes(params),
-           "grads": storage_bytes(p.grad for p in params if p.grad is not None),
-           "optimizer": storage_bytes(v for s in optimizer.state.values() for v in s.values()
-                                      if isinstance(v, torch.Tensor))}
+    out = {
+        "params": storage_bytes(params),
+        "grads": storage_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": storage_bytes(
+            v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+        ),
+    }
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return out
 
@@ -252,8 +278,9 @@ def measure_one_step(preset_name: str = "tiny", global_batch: int = 8, seed: int
     rank, local_rank, world_size = dist_env()
     device = pick_device("auto", local_rank)
     cfg = preset(preset_name)
-    x, y = TokenData(load_corpus()).batch("train", 0, global_batch, cfg.block_size, seed,
-                                          rank, world_size, device)  # (B/N, T) each
+    x, y = TokenData(load_corpus()).batch(
+        "train", 0, global_batch, cfg.block_size, seed, rank, world_size, device
+    )  # (B/N, T) each
     out = {"shapes": [tuple(p.shape) for p in GPT(cfg).parameters()]}
     for kind in ("ddp", "fsdp2", "fsdp2_bf16"):
         model = GPT(cfg, seed=seed).to(device)
@@ -265,9 +292,10 @@ def measure_one_step(preset_name: str = "tiny", global_batch: int = 8, seed: int
         _, loss = model(x, y)
         loss.backward()
         optimizer.step()  # AdamW creates its state on the first step
-        out[kind] = {"counted": state_bytes(model, optimizer),
-                     "allocated": allocated_state_bytes(model, optimizer)}
+        out[kind] = {"counted": state_bytes(model, optimizer), "allocated": allocated_state_bytes(model, optimizer)}
     return out
+
+
 # --- end exact ---
 
 
@@ -277,16 +305,20 @@ def calculator_data() -> dict:
     models = {}
     for name, spec in MODELS.items():
         cfg = spec.get("config")
-        models[name] = {"label": spec["label"], "params": model_params(name),
-                        "block_size": cfg.block_size if cfg else None,
-                        "activations": {"off": activation_coefficients(cfg, False),
-                                        "on": activation_coefficients(cfg, True)} if cfg else None}
+        models[name] = {
+            "label": spec["label"],
+            "params": model_params(name),
+            "block_size": cfg.block_size if cfg else None,
+            "activations": {"off": activation_coefficients(cfg, False), "on": activation_coefficients(cfg, True)}
+            if cfg
+            else None,
+        }
     return {
         "parts": list(PARTS),
         "bytes_per_param": {d: {o: bytes_per_param(d, o) for o in OPTIMIZERS} for d in DTYPES},
-        "strategies": {s: {"label": v["label"], "divisor": v["divisor"],
-                           "sharded": {p: p in v["sharded"] for p in PARTS}}
-                       for s, v in STRATEGIES.items()},
+        "strategies": {
+            s: {"label": v["label"], "divisor": v["divisor"], "sharded": {p: p in v["sharded"] for p in PARTS}}
+            for s, v in STRATEGIES.items()
+        },
         "models": models,
     }
-

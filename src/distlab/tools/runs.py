@@ -10,6 +10,7 @@ grad_norm, tokens_per_s, step_s, and val_loss on evaluation steps) and, once it 
 the steps it logged. Notebooks call the same functions: ``find_runs``, ``summarise``,
 ``plot_runs``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,26 +45,36 @@ def summarise(run: str | Path) -> dict:
     summary = read_summary(run) if (run / "summary.json").is_file() else {}
     vals = [m["val_loss"] for m in lines if "val_loss" in m]
     return {
-        "run": str(run), "finished": bool(summary), "lab": summary.get("lab", "?"),
-        "strategy": summary.get("strategy", "?"), "ranks": summary.get("world_size"),
-        "steps_logged": len(lines), "steps": summary.get("steps"),
+        "run": str(run),
+        "finished": bool(summary),
+        "lab": summary.get("lab", "?"),
+        "strategy": summary.get("strategy", "?"),
+        "ranks": summary.get("world_size"),
+        "steps_logged": len(lines),
+        "steps": summary.get("steps"),
         "loss": lines[-1]["loss"] if lines else None,
         "val_loss": summary.get("final_val_loss", vals[-1] if vals else None),
-        "tokens_per_s": summary.get("tokens_per_s"), "mfu": summary.get("mfu"),
-        "state_mb_per_rank": (summary["state_bytes_per_rank"].get("total", 0) / 1e6
-                              if summary.get("state_bytes_per_rank") else None),
+        "tokens_per_s": summary.get("tokens_per_s"),
+        "mfu": summary.get("mfu"),
+        "state_mb_per_rank": (
+            summary["state_bytes_per_rank"].get("total", 0) / 1e6 if summary.get("state_bytes_per_rank") else None
+        ),
     }
 
 
 def summary_line(s: dict) -> str:
     """A summary as one line of text."""
+
     def num(value, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
+
     status = "" if s["finished"] else f"  (unfinished: {s['steps_logged']} steps logged)"
-    return (f"{s['run']}: {s['lab']} {s['strategy']}, {num(s['ranks'], 'd')} rank(s), "
-            f"{s['steps_logged']} steps, loss {num(s['loss'], '.4f')}, val {num(s['val_loss'], '.4f')}, "
-            f"{num(s['tokens_per_s'], ',.0f')} tokens/s, MFU {num(s['mfu'], '.2f')}, "
-            f"state {num(s['state_mb_per_rank'], '.1f')} MB/rank{status}")
+    return (
+        f"{s['run']}: {s['lab']} {s['strategy']}, {num(s['ranks'], 'd')} rank(s), "
+        f"{s['steps_logged']} steps, loss {num(s['loss'], '.4f')}, val {num(s['val_loss'], '.4f')}, "
+        f"{num(s['tokens_per_s'], ',.0f')} tokens/s, MFU {num(s['mfu'], '.2f')}, "
+        f"state {num(s['state_mb_per_rank'], '.1f')} MB/rank{status}"
+    )
 
 
 def plot_runs(runs: list[str | Path], metrics=("loss",), labels: list[str] | None = None, axes=None):
@@ -95,8 +106,9 @@ def plot_runs(runs: list[str | Path], metrics=("loss",), labels: list[str] | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distlab.tools.runs", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m distlab.tools.runs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="every run under a folder, one line each")
     listing.add_argument("root", nargs="?", default="runs", help="folder to search (default: runs)")
@@ -105,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     summary.add_argument("--json", action="store_true", help="the fields as JSON lines instead")
     plot = commands.add_parser("plot", help="metrics of several runs side by side, to an image")
     plot.add_argument("runs", nargs="+", help="run folders (with a metrics.jsonl)")
-    plot.add_argument("--metric", nargs="+", default=["loss"], choices=METRICS,
-                      help="what to plot, a panel each (default: loss)")
+    plot.add_argument(
+        "--metric", nargs="+", default=["loss"], choices=METRICS, help="what to plot, a panel each (default: loss)"
+    )
     plot.add_argument("--out", default="runs.png", help="image file to write (default: runs.png)")
     args = parser.parse_args(argv)
 
@@ -123,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(s) if args.json else summary_line(s))
         else:
             import matplotlib
+
             matplotlib.use("Agg")  # to a file: no display needed
             plot_runs(args.runs, args.metric).savefig(args.out, dpi=120)
             print(f"written: {args.out}")
