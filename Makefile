@@ -8,14 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-# Tests and CI read Tiny Shakespeare from the workspace's shared copy when it exists,
-# so they need no network; elsewhere the data module downloads and verifies it.
-SHARED_DATA := $(wildcard $(abspath ..)/shared/data/tinyshakespeare.txt)
-ifneq ($(SHARED_DATA),)
-export DISTLAB_DATA ?= $(SHARED_DATA)
-endif
-
-.PHONY: book test browser vendor lock clean
+.PHONY: book book-fresh test lint browser vendor lock clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +18,22 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/pip install --no-deps -e .
 	touch $(STAMP)
 
+# Strict, with Jupyter Book's execution cache (_config.yml): a rebuild re-executes only the pages
+# whose code cells changed. A change under src/ is not seen by the cache: `make book-fresh`
+# executes every page from scratch, as `make test` and CI always do.
 book: $(STAMP)
 	$(BIN)/jupyter-book build book -W -n --keep-going
 	@echo "The book is in _build/html/index.html"
+
+book-fresh:
+	rm -rf _build/html _build/jupyter_execute _build/.doctrees _build/.jupyter_cache
+	$(MAKE) book
+
+# ruff's lint and format check over the tree (tests/book/test_lint.py runs the same in `make test`);
+# `$(BIN)/ruff format src tests && $(BIN)/ruff check --fix src tests` applies them
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
 
 # two workers: the book build (one long test, started first) runs beside the rest; whole
 # files go to a worker (loadfile), and tests/conftest.py schedules the two files that read the

@@ -1,4 +1,4 @@
-"""Shared test set-up: the data file, an isolated cache, the xdist schedule and the book build.
+"""Shared test set-up: an isolated cache, the xdist schedule and the book build.
 Helpers that tests import live in support/."""
 
 from __future__ import annotations
@@ -10,19 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from filelock import FileLock
 
 from distlab.infra.paths import REPO_ROOT
 
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
-
 
 @pytest.fixture(scope="session", autouse=True)
 def _environment(tmp_path_factory):
-    """Tests read Tiny Shakespeare from the workspace copy when it exists (no network),
-    and keep their cache (peak FLOP/s, downloads) out of the user's home."""
-    if SHARED_DATA.exists() and "DISTLAB_DATA" not in os.environ:
-        os.environ["DISTLAB_DATA"] = str(SHARED_DATA)
+    """Tests keep their cache (measured peak FLOP/s) out of the user's home."""
     os.environ["DISTLAB_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     os.environ.setdefault("TQDM_DISABLE", "1")
     yield
@@ -58,11 +54,23 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: order.get(item.path.name, 2))  # stable: keeps the rest in order
 
 
+def forced_execution_config(folder: Path) -> Path:
+    """The book's _config.yml with `execute_notebooks: force`: `make book` keeps Jupyter Book's
+    execution cache for fast rebuilds, but the tests (and so CI) execute every page from scratch,
+    so no cached output can hide a page that no longer runs. Everything else is the same file."""
+    config = yaml.safe_load((REPO_ROOT / "_config.yml").read_text())
+    config["execute"]["execute_notebooks"] = "force"
+    path = folder / "_config.force.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
 @pytest.fixture(scope="session")
 def built_book(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    """The README's book command, strict (`jupyter-book build book -W -n --keep-going`), run
-    once per test run: it executes every notebook, and the notebook and browser tests read
-    what it built. Returns the finished process and the build folder (html/, jupyter_execute/).
+    """The README's book command, strict (`jupyter-book build book -W -n --keep-going`), with
+    every page executed from scratch (`forced_execution_config`), run once per test run; the
+    notebook and browser tests read what it built. Returns the finished process and the build
+    folder (html/, jupyter_execute/).
 
     Under xdist each worker is its own process with its own session fixtures, so the build is
     shared through a folder both workers see, under a file lock: the first worker to ask
@@ -78,7 +86,18 @@ def built_book(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
         if not record.exists():
             jupyter_book = Path(sys.executable).parent / "jupyter-book"
             proc = subprocess.run(
-                [str(jupyter_book), "build", "book", "-W", "-n", "--keep-going", "--path-output", str(out)],
+                [
+                    str(jupyter_book),
+                    "build",
+                    "book",
+                    "-W",
+                    "-n",
+                    "--keep-going",
+                    "--path-output",
+                    str(out),
+                    "--config",
+                    str(forced_execution_config(shared)),
+                ],
                 cwd=REPO_ROOT,
                 capture_output=True,
                 text=True,

@@ -1,7 +1,7 @@
 """Hugging Face Accelerate for lab 6: build the Accelerator, and check it gave what was asked.
 
 Accelerate decides a lot from the environment and falls back quietly when it cannot do
-what it was asked (see ../shared/PLATFORM.md and the Accelerate chapter):
+what it was asked (each fallback is reproduced in the Accelerate chapter):
 
 - without ``cpu=True`` on a machine with no GPU, each of N launched processes makes a
   one-process Accelerator: N models train unsynchronised, with no error;

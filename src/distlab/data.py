@@ -1,106 +1,98 @@
-"""Tiny Shakespeare, character level: finding the text, encoding it, cutting batches.
+"""Tiny Shakespeare, character level: reading the text, encoding it, cutting batches.
 
-Where the text comes from, first match wins:
-1. an explicit path: ``--data PATH`` on a lab's command line, or ``$DISTLAB_DATA``;
-2. the local cache, ``$DISTLAB_CACHE`` or ``~/.cache/distlab``, ``tinyshakespeare.txt``;
-3. a download from the canonical URL into that cache, checked against ``SHA256``;
-4. offline with no copy: a one-line notice, then the text of ``pydoc_data.topics``
-   (Python's own help pages, shipped with every Python) so the labs still run.
-
-Tiny Shakespeare from any of 1-3 must match ``SHA256``: a wrong file is an error, never a
-silent fallback.
+The text ships inside the package (``distlab/corpus/tinyshakespeare.txt``, declared as
+package data) and is checked against ``SHA256`` whenever it is read: no download, no cache,
+the same bytes on every machine, online or not. ``--data PATH`` on a lab's command line
+trains on any UTF-8 text file instead, a reader's own corpus, taken as it is. Either way the
+vocabulary is the set of characters of the text actually loaded (65 for Tiny Shakespeare),
+so code builds its model with ``vocab_size=token_data().vocab_size``, never a constant.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
-import sys
-import urllib.error
-import urllib.request
-import functools
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import torch
 
 from distlab.errors import UserError
+from distlab.model import PRESETS
 
-URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 FILENAME = "tinyshakespeare.txt"
-FALLBACK_NAME = "pydoc_data.topics (offline fallback)"
+PACKAGED_SOURCE = "tinyshakespeare (package data)"
+VAL_FRACTION = 0.1
+# the validation split (VAL_FRACTION of the text) must hold one window of the longest preset:
+# block_size inputs plus the one target after them
+MIN_CHARS = round((max(cfg.block_size for cfg in PRESETS.values()) + 1) / VAL_FRACTION)
 
 
 class DataError(UserError):
-    """The text cannot be had as asked (missing path, wrong checksum)."""
+    """The text cannot be had as asked (missing or unreadable file, corrupt package data)."""
 
 
 @dataclass(frozen=True)
 class Corpus:
     text: str
-    source: str  # where the text came from, for logs and summaries
-
-    @property
-    def is_tinyshakespeare(self) -> bool:
-        return self.source != FALLBACK_NAME
+    source: str  # where the text came from, for logs and summaries: a path or PACKAGED_SOURCE
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("DISTLAB_CACHE", Path.home() / ".cache" / "distlab"))
+def _packaged_file():
+    """The packaged copy, as importlib.resources finds it: in a wheel's install or a checkout.
+    One name per ``/``: not every Traversable of Python 3.11 takes several names in joinpath."""
+    return resources.files("distlab") / "corpus" / FILENAME
 
 
-def _read_verified(path: Path) -> str:
-    if not path.is_file():
-        raise DataError(f"data file {path} does not exist")
-    raw = path.read_bytes()
+def _read_packaged() -> str:
+    packaged = _packaged_file()
+    try:
+        raw = packaged.read_bytes()
+    except OSError as error:
+        raise DataError(
+            f"the packaged Tiny Shakespeare {packaged} cannot be read ({error}): reinstall distlab"
+        ) from error
     digest = hashlib.sha256(raw).hexdigest()
     if digest != SHA256:
         raise DataError(
-            f"data file {path} is corrupt or not Tiny Shakespeare: sha256 {digest[:12]}..., expected {SHA256[:12]}..."
+            f"the packaged Tiny Shakespeare {packaged} is corrupt: sha256 {digest[:12]}..., "
+            f"expected {SHA256[:12]}... (restore it from git, or reinstall distlab)"
         )
     return raw.decode("utf-8")
 
 
-def _download(dest: Path, timeout: float) -> str | None:
-    """Download, verify, then rename into place; None when the network is unreachable."""
+def _read_user_file(path: Path) -> str:
+    """A reader's own corpus: any UTF-8 text long enough to cut windows from; no checksum."""
+    if not path.exists():
+        raise DataError(f"data file {path} does not exist")
+    if not path.is_file():
+        raise DataError(f"data file {path} is not a file")
     try:
-        with urllib.request.urlopen(URL, timeout=timeout) as response:
-            raw = response.read()
-    except (urllib.error.URLError, OSError):
-        return None
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != SHA256:
-        raise DataError(f"download from {URL} has sha256 {digest[:12]}..., expected {SHA256[:12]}...")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_suffix(f".part{os.getpid()}")
-    partial.write_bytes(raw)
-    partial.replace(dest)  # atomic: a reader never sees half a file
-    return raw.decode("utf-8")
+        raw = path.read_bytes()
+    except OSError as error:  # no permission, a read error: still the user's to fix
+        raise DataError(f"data file {path} cannot be read: {error.strerror}") from error
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"data file {path} is not UTF-8 text: byte 0x{raw[error.start]:02x} at offset {error.start}"
+        ) from error
+    if len(text) < MIN_CHARS:
+        raise DataError(
+            f"data file {path} has {len(text):,} characters; at least {MIN_CHARS:,} are needed "
+            f"(the {VAL_FRACTION:.0%} validation split must hold one window of the longest preset)"
+        )
+    return text
 
 
-def _fallback_text() -> str:
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[key] for key in sorted(topics))
-
-
-def load_corpus(path: str | os.PathLike | None = None, download_timeout: float = 20.0) -> Corpus:
-    explicit = path or os.environ.get("DISTLAB_DATA")
-    if explicit:
-        return Corpus(_read_verified(Path(explicit)), str(explicit))
-    cached = cache_dir() / FILENAME
-    if cached.exists():
-        return Corpus(_read_verified(cached), str(cached))
-    text = _download(cached, download_timeout)
-    if text is not None:
-        return Corpus(text, str(cached))
-    print(
-        f"notice: Tiny Shakespeare not found locally and {URL} is unreachable; "
-        f"training on {FALLBACK_NAME} instead (pass --data PATH to use a local copy)",
-        file=sys.stderr,
-    )
-    return Corpus(_fallback_text(), FALLBACK_NAME)
+def load_corpus(path: str | os.PathLike | None = None) -> Corpus:
+    """``path``: a UTF-8 text file of your own; None (or empty): the packaged Tiny Shakespeare."""
+    if path:
+        return Corpus(_read_user_file(Path(path)), str(path))
+    return Corpus(_read_packaged(), PACKAGED_SOURCE)
 
 
 class CharTokenizer:
@@ -137,11 +129,16 @@ class TokenData:
     continue on the very batch it would have seen.
     """
 
-    def __init__(self, corpus: Corpus, val_fraction: float = 0.1):
+    def __init__(self, corpus: Corpus, val_fraction: float = VAL_FRACTION):
         self.tokenizer = CharTokenizer(corpus.text)
         ids = self.tokenizer.encode(corpus.text)
         n_val = int(len(ids) * val_fraction)
         self.splits = {"train": ids[:-n_val], "val": ids[-n_val:]}
+
+    @property
+    def vocab_size(self) -> int:
+        """Distinct characters of the loaded text: the model's embedding and output size."""
+        return self.tokenizer.vocab_size
 
     def global_windows(
         self, split: str, step: int, global_batch: int, block_size: int, seed: int
@@ -172,13 +169,15 @@ class TokenData:
         """This rank's rows of the global batch of ``step``, each (B/N, T), on ``device``."""
         if global_batch % world_size:
             raise DataError(f"global batch {global_batch} does not split over {world_size} ranks")
+        # --- begin rank rows ---
         x, y = self.global_windows(split, step, global_batch, block_size, seed)
         rows = slice(rank * global_batch // world_size, (rank + 1) * global_batch // world_size)
         return x[rows].to(device, non_blocking=True), y[rows].to(device, non_blocking=True)
+        # --- end rank rows ---
 
 
 @functools.cache
 def token_data(path: str | None = None) -> TokenData:
-    """The corpus at ``path`` (default: the labs' own), read, verified and encoded once per
-    process: the one data object every chapter experiment and benchmark shares."""
+    """The corpus at ``path`` (default: the packaged Tiny Shakespeare), read and encoded once
+    per process: the one data object every chapter experiment and benchmark shares."""
     return TokenData(load_corpus(path))

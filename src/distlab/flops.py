@@ -12,10 +12,10 @@ import json
 import os
 import platform
 import time
+from pathlib import Path
 
 import torch
 
-from distlab.data import cache_dir
 from distlab.model import GPTConfig
 
 FLOPS_FORMULA = "6 * (12*L*C^2 + V*C) + 12*L*C*T per token (6N for matmul weights, plus attention)"
@@ -66,6 +66,11 @@ def _time_matmul(device: torch.device, dtype: torch.dtype, n: int, repeats: int)
         if i:
             best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
+
+
+def cache_dir() -> Path:
+    """Where the measured peaks are kept between runs: ``$DISTLAB_CACHE``, else ``~/.cache/distlab``."""
+    return Path(os.environ.get("DISTLAB_CACHE", Path.home() / ".cache" / "distlab"))
 
 
 def measured_peak_flops(device: torch.device, dtype: torch.dtype, refresh: bool = False) -> float:

@@ -5,9 +5,11 @@ Launch (the GPU when there is one, else the CPU; --device cpu|cuda forces one):
     python src/labs/lab1_single.py --preset shakespeare --steps 500 --dtype bf16
     # torchrun works too, with one process (later labs use more)
     torchrun --standalone --nproc-per-node=1 src/labs/lab1_single.py --preset tiny
+    # checkpoint every 50 steps; the same line after a stop goes on from the newest checkpoint
+    python src/labs/lab1_single.py --preset tiny --checkpoint-every 50 --resume auto
 
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the
-trained weights, OUT/model.pt.
+trained weights, OUT/model.pt; with --checkpoint-every, OUT/checkpoints/step_NNNNNN.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from distlab.checkpoint import load_plain_weights
+from distlab.checkpoint import Checkpoints, load_plain_weights
 from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
 from distlab.errors import UserError
@@ -47,9 +49,12 @@ class TrainConfig:
     dtype: str = "fp32"  # fp32, or bf16 autocast (weights and optimizer stay fp32)
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda
     seed: int = 1337  # model initialisation and the order of batches
-    data: str = ""  # Tiny Shakespeare path; empty: $DISTLAB_DATA, the cache, a download
+    data: str = ""  # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
     init_from: str = ""  # start from these weights: a plain model.pt (lab outputs, or a converted checkpoint)
     out: str = "runs/lab1"  # directory for metrics.jsonl, summary.json and model.pt
+    checkpoint_every: int = 0  # save model, optimizer, step and RNG to OUT/checkpoints every N steps (0: never)
+    keep_checkpoints: int = 3  # keep the newest N checkpoints, delete older ones (0: keep all)
+    resume: str = ""  # go on from a checkpoint: its step_NNNNNN folder, latest, or auto (latest if any, else step 0)
     sample_chars: int = 200  # characters to sample from the trained model (0: none)
     progress: bool = True  # a progress bar on the main rank
     track_memory: bool = False  # peak bytes by kind in the 2nd step (PyTorch's MemTracker; slows that step)
@@ -103,7 +108,6 @@ def main() -> None:
     rank, local_rank, world_size = 0, 0, 1  # one process; later labs get these from torchrun
     is_main = rank == 0
     device = pick_device(cfg.device, local_rank)
-    torch.manual_seed(cfg.seed)
 
     corpus = load_corpus(cfg.data or None)
     data = TokenData(corpus)
@@ -113,6 +117,8 @@ def main() -> None:
     if cfg.init_from:  # before any wrapper, while the keys and shapes are the plain model's
         load_plain_weights(model, cfg.init_from)
     optimizer = make_optimizer(model, cfg)
+    checkpoints = Checkpoints(cfg, model, optimizer)
+    start_step = checkpoints.resume()  # with --resume: model, optimizer, RNG loaded, else 0
     if is_main:
         print(f"config: {asdict(cfg)}")
         print(f"model: {count_parameters(model):,} parameters, data: {corpus.source}, device: {device}")
@@ -125,7 +131,7 @@ def main() -> None:
     memory = StepMemory(model, optimizer, enabled=cfg.track_memory)  # peak bytes by kind, if asked
     # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line there
     bar = tqdm(
-        range(cfg.steps),
+        range(start_step, cfg.steps),
         disable=not (is_main and cfg.progress),
         desc="train",
         mininterval=0.1 if sys.stderr.isatty() else 10,
@@ -153,7 +159,7 @@ def main() -> None:
         memory.end()
 
         seconds = time.perf_counter() - start
-        if step >= 2 or cfg.steps <= 2:  # the first steps pay for allocation and warm-up
+        if step >= start_step + 2 or cfg.steps - start_step <= 2:  # the first steps of a start warm up
             timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
         if not math.isfinite(train_loss):
             raise UserError(f"loss is {train_loss} at step {step}: training diverged (try a lower --lr)")
@@ -170,6 +176,7 @@ def main() -> None:
             record["val_loss"] = val_loss
         log.log(**record)
         bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}", refresh=False)
+        checkpoints.maybe_save(step)  # every --checkpoint-every steps
 
     if math.isnan(val_loss):  # no step ran (--steps 0): evaluate the weights we started from
         val_loss = evaluate(model, data, cfg, T, rank, world_size, device)

@@ -54,7 +54,7 @@ class TrainConfig:
     dtype: str = "fp32"  # fp32, or bf16 autocast (weights and optimizer stay fp32)
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda
     seed: int = 1337  # model initialisation and the order of batches
-    data: str = ""  # Tiny Shakespeare path; empty: $DISTLAB_DATA, the cache, a download
+    data: str = ""  # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
     init_from: str = ""  # start from these weights: a plain model.pt (lab outputs, or a converted checkpoint)
     out: str = "runs/lab2"  # directory for metrics.jsonl, summary.json and model.pt
     checkpoint_every: int = 0  # save model, optimizer, step and RNG to OUT/checkpoints every N steps (0: never)
@@ -118,7 +118,6 @@ def main() -> None:
         raise UserError(f"--batch-size {cfg.batch_size} does not split over {world_size} ranks")
     device = pick_device(cfg.device, local_rank)
     init_distributed(device, cfg.timeout_s)
-    torch.manual_seed(cfg.seed)
 
     corpus = load_corpus(cfg.data or None)
     data = TokenData(corpus)

@@ -59,7 +59,7 @@ class TrainConfig:
     dtype: str = "fp32"  # fp32, or bf16 compute (FSDP2 mixed precision; shards, reduction, AdamW stay fp32)
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda
     seed: int = 1337  # model initialisation and the order of batches
-    data: str = ""  # Tiny Shakespeare path; empty: $DISTLAB_DATA, the cache, a download
+    data: str = ""  # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
     init_from: str = ""  # start from these weights: a plain model.pt (lab outputs, or a converted checkpoint)
     out: str = "runs/lab4"  # directory for metrics.jsonl, summary.json and model.pt
     checkpoint_every: int = 0  # save a sharded checkpoint to OUT/checkpoints every N steps (0: never)
@@ -127,7 +127,6 @@ def main() -> None:
     accum_steps = cfg.batch_size // (world_size * cfg.micro_batch_size)
     device = pick_device(cfg.device, local_rank)
     init_distributed(device, cfg.timeout_s)
-    torch.manual_seed(cfg.seed)
 
     corpus = load_corpus(cfg.data or None)
     data = TokenData(corpus)
@@ -138,6 +137,8 @@ def main() -> None:
         load_plain_weights(model, cfg.init_from)
     # every rank built the same weights (same seed): fully_shard keeps this rank's slice of each
     model = apply_fsdp(model, param_dtype=None if cfg.dtype == "fp32" else DTYPES[cfg.dtype])
+    # after fully_shard: it replaced each parameter by a new one holding a DTensor shard; an optimizer built
+    # before would hold the old full tensors, which never get a gradient, and update nothing FSDP uses
     optimizer = make_optimizer(model, cfg)
     checkpoints = Checkpoints(cfg, model, optimizer)
     start_step = checkpoints.resume()  # with --resume: model, optimizer, RNG loaded (resharded), else 0
@@ -177,6 +178,7 @@ def main() -> None:
                     _, micro_loss = model(xm, ym)
                 (micro_loss / accum_steps).backward()  # the mean over micro-batches, as one batch
             loss += micro_loss.detach() / accum_steps
+        # over DTensor shards: each rank's sum of squares is all-reduced, so every rank clips by the global norm
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
         optimizer.step()
         if not state:  # every gradient and AdamW buffer exists now, and their sizes are fixed

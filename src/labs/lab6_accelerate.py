@@ -66,7 +66,7 @@ class TrainConfig:
     dtype: str = "fp32"  # fp32, or bf16 compute (Accelerate's autocast; FSDP2 mixed precision with --fsdp)
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda
     seed: int = 1337  # model initialisation and the order of batches
-    data: str = ""  # Tiny Shakespeare path; empty: $DISTLAB_DATA, the cache, a download
+    data: str = ""  # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
     init_from: str = ""  # start from these weights: a plain model.pt (lab outputs, or a converted checkpoint)
     out: str = "runs/lab6"  # directory for metrics.jsonl, summary.json and model.pt
     fsdp: bool = False  # shard with FSDP2 (Accelerate's plugin on GPUs; fully_shard by hand on CPU)
@@ -139,7 +139,6 @@ def main() -> None:
     check_fsdp_request(cfg, world_size, device)  # FSDP that cannot be given stops here, on every rank
     accelerator = make_accelerator(device, cfg.dtype, accum_steps, cfg.sync_every_micro_batch, cfg.timeout_s, cfg.fsdp)
     check_processes(accelerator)  # N launched processes must be one group of N, not N groups of one
-    torch.manual_seed(cfg.seed)
 
     corpus = load_corpus(cfg.data or None)
     data = TokenData(corpus)

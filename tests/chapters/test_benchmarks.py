@@ -3,10 +3,13 @@
 import json
 import shutil
 
+import matplotlib.pyplot as plt
 import pytest
 
 from distlab.bench import labs as bench
-from distlab.bench.report import RESULTS, loss_agreement, recorded_results, run, scaling, targets
+from distlab.bench.report import RESULTS, recorded_results, targets
+from distlab.chapters import benchmarks as chapter
+from distlab.chapters.benchmarks import loss_agreement, run, scaling
 from distlab.cli import parse_config
 from distlab.tools import runs
 
@@ -154,3 +157,64 @@ def test_runs_cli_lists_summarises_and_plots(smoke, tmp_path, capsys):
     assert "is not a run folder (it has no metrics.jsonl)" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown metric 'accuracy'"):
         runs.plot_runs([unfinished], metrics=("accuracy",))
+
+
+# --- the chapter's tables and figures (distlab.chapters.benchmarks), on the recorded CPU result ---
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return recorded_results()["cpu_shakespeare_fp32"]
+
+
+def test_the_runs_table_shows_each_recorded_run_and_stars_oversubscribed_ones(recorded):
+    rows, cores = chapter.runs_table(recorded), recorded["provenance"]["cpu_count"]
+    assert len(rows) == len(recorded["runs"]) and chapter.mark(cores + 1, cores) == f"{cores + 1}*"
+    for row, r in zip(rows, recorded["runs"]):
+        assert row["lab"] == chapter.LAB_NAMES[r["lab"]]
+        assert row["ranks"] == (f"{r['world_size']}*" if r["world_size"] > cores else str(r["world_size"]))
+        if "error" not in r:
+            assert row["tokens/s"] == f"{r['tokens_per_s']:,.0f}" and row["MFU"] == f"{r['mfu']:.2f}"
+    spreads = [max(r["tokens_per_s_repeats"]) / min(r["tokens_per_s_repeats"]) - 1 for r in recorded["runs"]]
+    assert chapter.repeat_spread(recorded) == max(spreads) >= 0
+
+
+def test_scaling_and_efficiency_are_tokens_per_second_over_n_times_one_rank(recorded):
+    one = {r["lab"]: r["tokens_per_s"] for r in recorded["runs"] if r["world_size"] == 1 and "error" not in r}
+    rows = chapter.efficiency_table(recorded)
+    assert {row["lab"] for row in rows} == {chapter.LAB_NAMES[lab] for lab in one} - {"1 single"}
+    for row, s in zip(rows, [s for s in scaling(recorded) if s["lab"] != "lab1_single"]):
+        n, t = s["ranks"], s["tokens_per_s"]
+        assert row["vs the same lab on 1 rank"] == f"{t / (n * one[s['lab']]):.2f}"
+        assert row["vs lab 1"] == f"{t / (n * one['lab1_single']):.2f}"
+
+
+def test_the_ac_table_and_the_memory_groups_cover_the_recorded_bytes(recorded):
+    for row in chapter.ac_tradeoff_table(recorded, ranks=(2,)):
+        lab4, lab5 = run(recorded, "lab4_fsdp2", 2), run(recorded, "lab5_activation_ckpt", 2)
+        assert row["time, lab 5 / lab 4"] == f"{lab5['step_s'] / lab4['step_s']:.2f}"
+        assert row["activations MB, lab 4"] == f"{lab4['peak_bytes_by_kind']['activations'] / 1e6:.1f}"
+    grouped = {kind for kinds in chapter.MEMORY_GROUPS.values() for kind in kinds}
+    for r in recorded["runs"]:  # the figure drops no kind of byte the tracker reported
+        assert set(r["peak_bytes_by_kind"]) - {"total"} <= grouped, r["lab"]
+    fig = chapter.memory_figure(recorded, ranks=(1, 2))
+    assert [len(ax.get_xticklabels()) for ax in fig.axes] == [6, 5]  # lab 1 runs on one process only
+    plt.close(fig)
+
+
+def test_loss_agreement_goal_table_and_a_missing_run():
+    runs = [
+        {"lab": "lab1_single", "world_size": 1, "losses": [2.0, 1.0]},
+        {"lab": "lab2_ddp", "world_size": 2, "losses": [2.2, 1.0]},
+        {"lab": "lab4_fsdp2", "world_size": 2, "error": "killed"},
+    ]
+    assert loss_agreement({"runs": runs}) == {("lab1_single", 1): 0.0, ("lab2_ddp", 2): pytest.approx(0.1)}
+    assert loss_agreement({"runs": runs[1:]}) == {}  # nothing to compare with
+    rows = chapter.goal_table([{"goal": "g", "compared": "c", "target": ">= 1", "measured": None, "met": None}])
+    assert rows == [{"goal": "g", "compared": "c", "target": ">= 1", "measured": "not measured", "": "-"}]
+
+
+def test_runs_cli_prints_what_the_runs_module_lists(smoke):
+    _, folder = smoke
+    listed = chapter.runs_cli("list", folder / "runs").splitlines()
+    assert len(listed) == 6 and any("lab4_fsdp2" in line for line in listed)

@@ -17,6 +17,7 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from distlab.bench.labs import load_lab
 from distlab.checkpoint import inspect_checkpoint, latest, load_plain_weights
+from distlab.data import token_data
 from distlab.errors import UserError
 from distlab.infra.launch import run_ranks
 from distlab.infra.paths import REPO_ROOT
@@ -131,7 +132,7 @@ def _rng_round_trip(out: str) -> tuple[int, list[float], list[float]]:
         init_from: str = ""
 
     rank = torch.distributed.get_rank()
-    model = apply_fsdp(GPT(preset("tiny", vocab_size=65)))
+    model = apply_fsdp(GPT(preset("tiny", vocab_size=token_data().vocab_size)))
     optimizer = torch.optim.AdamW(model.parameters())
     cfg = Config(out=out)
     torch.manual_seed(100 + rank)  # each rank its own stream
@@ -170,7 +171,7 @@ def test_a_checkpoint_converts_to_the_weights_lab_1_loads(never_stopped, tmp_pat
     saved = torch.load(never_stopped / "model.pt", weights_only=True)  # lab 4's own, at the end
     assert converted.keys() == saved.keys()
     assert all(torch.equal(converted[k], saved[k]) for k in saved)
-    GPT(preset("tiny", vocab_size=65)).load_state_dict(converted)
+    GPT(preset("tiny", vocab_size=token_data().vocab_size)).load_state_dict(converted)
     # lab 1 evaluates and samples from it without a training step
     out = tmp_path / "lab1"
     proc = run_lab(
@@ -245,11 +246,11 @@ class _RunsCode:
 
 
 def test_init_from_loads_tensors_only_and_names_the_mismatch(tmp_path):
-    model = GPT(preset("tiny", vocab_size=65))
+    model = GPT(preset("tiny", vocab_size=token_data().vocab_size))
     evil, small, fine = tmp_path / "evil.pt", tmp_path / "vocab70.pt", tmp_path / "fine.pt"
     torch.save({"wte.weight": _RunsCode()}, evil)
     torch.save(GPT(preset("tiny", vocab_size=70)).state_dict(), small)
-    torch.save(GPT(preset("tiny", vocab_size=65), seed=7).state_dict(), fine)
+    torch.save(GPT(preset("tiny", vocab_size=token_data().vocab_size), seed=7).state_dict(), fine)
     with pytest.raises(UserError, match=r"evil.pt is not a weights file \(UnpicklingError"):
         load_plain_weights(model, evil)
     with pytest.raises(UserError, match=r"wte.weight is \[70, 64\] in the file, \[65, 64\] in the model"):
@@ -259,7 +260,7 @@ def test_init_from_loads_tensors_only_and_names_the_mismatch(tmp_path):
     with pytest.raises(UserError, match="is a folder; a sharded checkpoint"):
         load_plain_weights(model, tmp_path)
     load_plain_weights(model, fine)
-    assert torch.equal(model.wte.weight, GPT(preset("tiny", vocab_size=65), seed=7).wte.weight)
+    assert torch.equal(model.wte.weight, GPT(preset("tiny", vocab_size=token_data().vocab_size), seed=7).wte.weight)
     with pytest.raises(pickle.UnpicklingError):  # torch's own default refuses it too (torch >= 2.6)
         torch.load(evil)
 
@@ -284,3 +285,14 @@ def test_latest_skips_unfinished_folders(tmp_path):
             (tmp_path / name / f).write_text("")
     assert latest(tmp_path) == tmp_path / "step_000005"
     assert latest(tmp_path / "nothing_here") is None
+
+
+def test_the_chapter_reads_what_dcp_wrote_and_where(never_stopped):
+    from distlab.chapters.checkpoints import checkpoint_groups, piece_table
+
+    step5, model = never_stopped / "checkpoints" / "step_000005", GPT(preset("tiny", vocab_size=65))
+    pieces = piece_table(step5, "app.model.wte.weight")  # 65 rows in dim-0 chunks of ceil(65/2)
+    assert [(p["rows"], p["file"]) for p in pieces] == [("0-32", "__0_0.distcp"), ("33-64", "__1_0.distcp")]
+    groups, state, params = checkpoint_groups(step5), model.state_dict(), list(model.parameters())
+    assert groups["model"] == (len(state), sum(4 * t.numel() for t in state.values()))  # the tied head too
+    assert groups["optim.state"] == (3 * len(params), 8 * sum(p.numel() for p in params) + 4 * len(params))

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from distlab.exercises import check_all_reduce
 from distlab.infra.launch import RankFailed, run_ranks
 from distlab.scratch.collectives import (
     blocking_ring_send_first,
@@ -15,6 +16,7 @@ from distlab.scratch.collectives import (
     ring_bytes_sent_per_rank,
     ring_schedule,
 )
+from support.exercises import passes
 
 
 def check_on_every_rank():
@@ -134,3 +136,101 @@ def test_send_first_ring_fails_at_the_process_group_timeout():
     with pytest.raises(RankFailed, match="Timed out"):
         run_ranks(send_first_one_element, nprocs=2, pg_timeout=5, timeout=60, quiet=True)
     assert time.monotonic() - start < 45  # failed on the 5 s timeout, not killed at the 60 s one
+
+
+# --- the chapter's experiments (distlab.chapters.collectives) ---
+
+
+def demos_and_small_timings():
+    from distlab.chapters import collectives as chapter
+
+    return chapter.all_demos(), chapter.exchange_ranks(), chapter.time_collectives([768, 3072])
+
+
+@pytest.fixture(scope="module")
+def three_ranks():
+    return run_ranks(demos_and_small_timings, nprocs=3, timeout=120, quiet=True)
+
+
+def test_the_five_demos_do_what_the_page_says(three_ranks):
+    from distlab.chapters.collectives import DEMOS, before_after_table
+
+    after = {demo.__name__: [ranks[0][i]["after"] for ranks in three_ranks] for i, demo in enumerate(DEMOS)}
+    assert after["broadcast"] == [[1, 2, 3]] * 3  # rank 0's data everywhere
+    assert after["all_reduce"] == [[111, 222, 333]] * 3  # the digits name the ranks summed
+    assert after["reduce_scatter"] == [[111], [222], [333]]  # rank r: element r of the sum
+    assert after["all_gather"] == [[1, 10, 100]] * 3
+    left = [float(ranks[0][4]["after"].split()[2]) for ranks in three_ranks]
+    assert min(left) >= 0.39  # nobody leaves the barrier before the last rank (0.4 s late) arrives
+    table = before_after_table("all_reduce", [ranks[0][1] for ranks in three_ranks])
+    assert table.splitlines()[0] == "all_reduce" and table.splitlines()[2].startswith("rank 0  [1, 2, 3]")
+    assert [ranks[1] for ranks in three_ranks] == [2, 0, 1]  # exchange_ranks: the left neighbour's rank
+
+
+def test_time_collectives_times_every_size_and_both_halves(three_ranks):
+    from distlab.chapters.collectives import summarise_timings
+
+    times = [ranks[2] for ranks in three_ranks]
+    assert set(times[0]) == {(name, s) for name in ("dist.all_reduce", "ring_all_reduce") for s in (768, 3072)} | {
+        ("dist.reduce_scatter_single", 3072),
+        ("dist.all_gather_single", 3072),
+    }
+    assert all(len(t["dist.all_reduce", 768]) == 21 and min(t["ring_all_reduce", 3072]) > 0 for t in times)
+    summary = summarise_timings(times)
+    assert summary["ranks"] == 3 and summary["sizes"] == [768, 3072]
+    key = ("dist.all_reduce", 768)  # a repeat lasts as long as its slowest rank
+    assert summary["per_repeat"][key] == [max(ts) for ts in zip(*(t[key] for t in times))]
+
+
+def test_summarise_timings_recovers_the_alpha_beta_model_it_fits():
+    from distlab.chapters.collectives import model_time, summarise_timings
+
+    n, alpha, bandwidth = 4, 50e-6, 2e9
+    sizes = [1024, 4096, 16384, 2**24]
+    # two ranks whose every repeat follows the model: latency only up to 16 KB, then the bytes too
+    exact = {s: 2 * (n - 1) * alpha if s <= 16384 else model_time(alpha, bandwidth, n, s) for s in sizes}
+    rank = {(name, s): [exact[s]] * 3 for name in ("dist.all_reduce", "ring_all_reduce") for s in sizes}
+    slower = {key: [t * 1.5 for t in ts] for key, ts in rank.items()}
+    summary = summarise_timings([rank, slower, rank, rank])
+    fit = summary["fit"]["dist.all_reduce"]
+    assert fit["alpha"] == pytest.approx(1.5 * alpha)  # every repeat was as slow as rank 1
+    assert model_time(fit["alpha"], fit["bandwidth"], n, 2**24) == pytest.approx(1.5 * exact[2**24])
+    # bus bandwidth: the 2(N-1)/N of the message each rank sent, over the (slowest rank's) time
+    assert summary["busbw"]["dist.all_reduce", 2**24] == pytest.approx(2 * 3 / 4 * 2**24 / (1.5 * exact[2**24]))
+
+
+def test_ring_check_compares_every_step_with_the_simulation():
+    from distlab.chapters.collectives import ring_check
+
+    check = ring_check(3)
+    assert check["matches_simulation"] and check["ints_equal"] and check["worst"] < 1e-4
+
+
+# ---------------------------------------------------------------- Collectives, exercise 3
+def all_reduce_in_two_halves(t):
+    n = dist.get_world_size()
+    shard = t.new_empty(t.numel() // n)  # same dtype and device as t
+    dist.reduce_scatter_single(shard, t.view(-1))
+    dist.all_gather_single(t.view(-1), shard)
+    return t
+
+
+def reduce_scatter_only(t):  # forgets the all-gather: each rank has one block of the sum
+    shard = t.new_empty(t.numel() // dist.get_world_size())
+    dist.reduce_scatter_single(shard, t.view(-1))
+    return t
+
+
+def sum_in_a_new_tensor(t):
+    out = t.clone()
+    dist.all_reduce(out)
+    return out
+
+
+@pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
+def test_all_reduce_checker(capsys):
+    assert "on 2 and 3 ranks" in passes(check_all_reduce, all_reduce_in_two_halves, capsys=capsys)
+    with pytest.raises(AssertionError, match=r"on 2 ranks, rank 0 holds .* expected the sum over ranks .* max abs"):
+        check_all_reduce(reduce_scatter_only)
+    with pytest.raises(AssertionError, match="left its input unchanged"):
+        check_all_reduce(sum_in_a_new_tensor, (2,))

@@ -1,11 +1,13 @@
-"""DataParallel from scratch gives the plain module's outputs, gradients and training losses."""
+"""DataParallel from scratch gives the plain module's outputs, gradients and training losses;
+the experiment harness's timing rule and strategy names."""
 
 import pytest
 import torch
 import torch.nn as nn
 
-from distlab.chapters.data_parallel import KINDS, backward_threads, train_steps
-from distlab.data import TokenData, load_corpus
+from distlab.chapters.data_parallel import STRATEGIES, backward_threads, train_steps
+from distlab.data import token_data
+from distlab.infra import experiment
 from distlab.model import GPT, preset
 from distlab.scratch.data_parallel import ScratchDataParallel, gather, replicate, scatter
 
@@ -14,7 +16,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def data():
-    return TokenData(load_corpus())
+    return token_data()
 
 
 def batch(data, rows):
@@ -54,12 +56,40 @@ def test_uneven_chunks_need_row_weighted_losses(data):
     assert abs(losses.mean().item() - ref_loss.item()) > 1e-4  # the naive mean weighs rows unequally
 
 
-@pytest.mark.parametrize("kind", [k for k in KINDS if k != "plain"])
-def test_training_matches_the_plain_module(kind):
-    ref = train_steps("plain", "tiny", steps=5, global_batch=16)["losses"]
-    got = train_steps(kind, "tiny", steps=5, global_batch=16)["losses"]
-    assert got == pytest.approx(ref, rel=1e-5)
-    assert ref[-1] < ref[0]  # it trained
+@pytest.fixture(scope="module")
+def single():
+    return train_steps("single", "tiny", steps=5, global_batch=16)
+
+
+@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "single"])
+def test_training_matches_the_plain_module(strategy, single):
+    got = train_steps(strategy, "tiny", steps=5, global_batch=16)
+    assert got["losses"] == pytest.approx(single["losses"], rel=1e-5)
+    assert single["losses"][-1] < single["losses"][0]  # it trained
+    phases = {s.phase for s in got["spans"]}
+    assert {"backward", "optimizer"} <= phases
+    if strategy.startswith("dp-scratch"):  # the wrapper's own phases, from the last step only
+        assert {"scatter", "replicate", "threads", "gather"} <= phases
+        assert sum(s.phase == "scatter" for s in got["spans"]) == 1
+    assert got["threads"] == (1 if strategy == "dp-scratch-1-intra-op" else single["threads"])
+
+
+def test_the_first_steps_are_not_timed(single):
+    """tokens/s counts the steps after WARMUP_STEPS only; a run of no more steps has none."""
+    T, timed = preset("tiny").block_size, single["step_s"][experiment.WARMUP_STEPS :]
+    assert experiment.WARMUP_STEPS == 2 and len(single["step_s"]) == 5 and len(timed) == 3
+    assert single["tokens_per_s"] == pytest.approx(16 * T * len(timed) / sum(timed))
+    assert experiment.train("single", steps=experiment.WARMUP_STEPS)["tokens_per_s"] is None
+
+
+def test_strategy_names_are_one_vocabulary():
+    for name in experiment.STRATEGIES:
+        assert name == name.lower() and " " not in name and "_" not in name, name
+    assert set(STRATEGIES) <= set(experiment.STRATEGIES)
+    with pytest.raises(ValueError, match="unknown strategy 'plain'; choose one of single, ddp, "):
+        experiment.train("plain", steps=1)
+    with pytest.raises(RuntimeError, match="'ddp' runs on every rank of a process group"):
+        experiment.build("ddp")  # no process group in this process
 
 
 def test_replicas_are_differentiable_copies_with_ties_kept(data):
@@ -128,18 +158,19 @@ def test_cpu_backward_of_every_replica_runs_on_the_calling_thread():
 
 def test_the_recorded_comparison_is_complete_and_its_variants_trained_alike():
     """The chapter reads results/dp_bench.json (python -m distlab.bench.dp): five variants, the
-    same steps, the same losses, and the phases of one scratch DP step."""
+    same steps, the same losses, and the phases of one dp-scratch step."""
     from distlab.bench.dp import WARMUP_STEPS, load
 
     measured, workload, runs = load()
     assert {"machine", "torch", "commit", "date", "command"} <= set(measured)
     assert measured["command"].startswith("python -m distlab.bench.dp")
     assert workload["steps"] > WARMUP_STEPS == workload["warmup_steps"]
-    assert list(runs) == ["plain", "scratch DP", "scratch DP, 1 intra-op", "scratch DP, no threads", "DDP, 2 ranks"]
+    assert list(runs) == ["single", "dp-scratch", "dp-scratch-1-intra-op", "dp-scratch-no-threads", "ddp"]
+    assert set(runs) <= set(experiment.STRATEGIES)
     for name, r in runs.items():
         assert len(r["losses"]) == len(r["step_s"]) == workload["steps"], name
-        assert max(abs(a - b) for a, b in zip(r["losses"], runs["plain"]["losses"])) < 1e-4, name
-    phases = {s.phase for s in runs["scratch DP"]["spans"]}
+        assert max(abs(a - b) for a, b in zip(r["losses"], runs["single"]["losses"])) < 1e-4, name
+    phases = {s.phase for s in runs["dp-scratch"]["spans"]}
     assert {"scatter", "replicate", "threads", "gather", "backward", "optimizer"} <= phases
 
 

@@ -13,18 +13,20 @@ import torch.distributed as dist
 
 from distlab.chapters.debugging import (
     dying_rank_demo,
+    exit_demo,
     hung_job_demo,
     late_rank_demo,
     metrics_demo,
-    observe,
     recorded_job_demo,
     replicas_demo,
     shapes_demo,
 )
-from distlab.chapters.debugging_teardown import exit_demo
+from distlab.exercises import check_lockstep_broadcast
 from distlab.infra.launch import RankFailed, run_ranks, run_script
+from distlab.infra.observe import observe
 from distlab.infra.paths import REPO_ROOT
 from distlab.tools.debug import analyse_flight_recorder
+from support.exercises import passes
 
 T = 1.5  # the process-group timeout of these tests, in seconds
 LIMIT = 60  # no launch may take longer than this
@@ -94,8 +96,8 @@ def test_lockstep_names_each_ranks_call_and_passes_correct_code():
     errors = [seen["error"] for seen in outcome.results]
     for error in errors:  # every rank raises, with every rank's call
         assert error.startswith("CollectiveMismatch: ranks are about to run different collectives")
-        assert re.search(r"rank 0: #0 all_reduce\(float32\[\]\) at debug_demos.py:\d+ `all_reduce\(loss\)`", error)
-        assert re.search(r"rank 1: #0 all_reduce\(float32\[\]\) at debug_demos.py:\d+ `all_reduce\(grad_norm\)`", error)
+        assert re.search(r"rank 0: #0 all_reduce\(float32\[\]\) at debugging.py:\d+ `all_reduce\(loss\)`", error)
+        assert re.search(r"rank 1: #0 all_reduce\(float32\[\]\) at debugging.py:\d+ `all_reduce\(grad_norm\)`", error)
     # before that, 2 x 100 checked all-reduces of correct code ran without a complaint
     assert outcome.results[0]["seconds_per_all_reduce"]["lockstep"] > 0
 
@@ -123,7 +125,7 @@ def test_faulthandler_dumps_show_where_each_rank_waits():
         import signal
         import time
 
-        from distlab.chapters.debugging import wait_for_pids
+        from distlab.infra.observe import wait_for_pids
 
         pids = wait_for_pids(report)
         time.sleep(0.8)  # the watchdog (0.5 s) has fired; rank 0 is still in its all-reduce
@@ -155,7 +157,7 @@ def test_a_ddp_model_freed_before_the_group_exits_and_after_it_deadlocks():
 
 @pytest.mark.parametrize("lab", ["lab2_ddp", "lab3_grad_accum", "lab6_accelerate"])
 def test_labs_free_their_ddp_model_before_they_destroy_the_group(lab, tmp_path):
-    # tests/freed_before_destroy.py fails destroy_process_group while any DDP model is alive;
+    # tests/support/freed_before_destroy.py fails destroy_process_group while any DDP model is alive;
     # --track-memory too, since the tracker's helper holds the model as well
     args = [
         "--preset",
@@ -181,3 +183,27 @@ def test_labs_free_their_ddp_model_before_they_destroy_the_group(lab, tmp_path):
         quiet=True,
     )
     assert (tmp_path / "summary.json").exists()
+
+
+# ---------------------------------------------------------------- Debugging, exercise 3
+def share_weights_from_one_line(broadcast):
+    t = torch.arange(4.0) if dist.get_rank() == 0 else torch.empty(4)
+    broadcast(t, src=0)
+    return t
+
+
+def share_weights_in_two_branches(broadcast):  # the program of the exercise
+    if dist.get_rank() == 0:
+        weights = torch.arange(4.0)
+        broadcast(weights, src=0)
+        return weights
+    buffer = torch.empty(4)
+    broadcast(buffer, src=0)
+    return buffer
+
+
+@pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
+def test_lockstep_broadcast_checker(capsys):
+    assert "on all 3 ranks" in passes(check_lockstep_broadcast, share_weights_from_one_line, capsys=capsys)
+    with pytest.raises(AssertionError, match=r"Lockstep stopped your program on 3 ranks(.|\n)*rank 1: #0 broadcast"):
+        check_lockstep_broadcast(share_weights_in_two_branches)

@@ -1,7 +1,10 @@
 """Exact resume for labs 2-4, saves that survive a kill, and torchrun restarting a group
 that lost a rank. Every comparison is with a run that was never interrupted (fp32, CPU)."""
 
+import dataclasses
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -10,9 +13,11 @@ from torch.distributed.checkpoint import FileSystemReader
 from distlab.chapters.fault_tolerance import kill_when_stalled, torchrun_killing_a_rank
 from distlab.checkpoint import inspect_checkpoint, latest, prune, resume_point
 from distlab.errors import UserError
+from distlab.exercises import check_kill_during_shard_writes
 from distlab.infra.launch import RankFailed, run_script
 from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_metrics, read_summary
+from support.exercises import passes
 
 FAST = [
     "--preset",
@@ -94,7 +99,13 @@ def run_until_killed(args: list, marker: Path, timeout: float = 120) -> RankFail
     """Run the stalled lab on 2 ranks; SIGKILL rank 0 once it waits inside the save."""
     killer = kill_when_stalled(marker, timeout)
     with pytest.raises(RankFailed) as failed:
-        run_script(REPO_ROOT / "src" / "distlab" / "fault_injection.py", args, nprocs=2, timeout=timeout, quiet=True)
+        run_script(
+            REPO_ROOT / "src" / "distlab" / "chapters" / "fault_tolerance.py",
+            args,
+            nprocs=2,
+            timeout=timeout,
+            quiet=True,
+        )
     killer.join()
     return failed.value
 
@@ -145,3 +156,51 @@ def test_torchrun_restarts_the_group_after_a_rank_is_killed(tmp_path):
     kept = out / f"metrics.before_step_{resumed_at:06d}.jsonl"  # the killed attempt's log, kept aside
     before = [json.loads(line) for line in kept.read_text().splitlines()]
     assert before[0]["step"] == 0 and before[-1]["step"] >= resumed_at - 1
+
+
+# ---------------------------------------------------------------- Resume and fault tolerance, exercise 4
+def _stall_in_write_data(save_number, marker, items_written):
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    original, calls = FileSystemWriter.write_data, [0]
+
+    def patched(self, plan, planner):
+        calls[0] += 1
+        if calls[0] == save_number:
+            kept = dataclasses.replace(plan, items=items_written(plan.items))
+            original(self, kept, planner)  # writes these items, then closes the file
+            marker.write_text(f"{os.getpid()}\n")
+            while True:  # until killed
+                time.sleep(1)
+        return original(self, plan, planner)
+
+    FileSystemWriter.write_data = patched
+
+
+def stall_mid_shard_write(save_number, marker):
+    _stall_in_write_data(save_number, marker, lambda items: items[: len(items) // 2])
+
+
+def stall_before_shard_write(save_number, marker):
+    _stall_in_write_data(save_number, marker, lambda items: [])  # an empty file: nothing written yet
+
+
+def stall_in_finish(save_number, marker):
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    def patched(self, *args, **kwargs):
+        marker.write_text(f"{os.getpid()}\n")
+        while True:
+            time.sleep(1)
+
+    # finish writes .metadata on the coordinator, rank 0: in rank 1 this patch never runs
+    FileSystemWriter.finish = patched
+
+
+@pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
+def test_kill_during_shard_writes_checker(capsys):
+    assert "a partial __1_0.distcp" in passes(check_kill_during_shard_writes, stall_mid_shard_write, capsys=capsys)
+    with pytest.raises(AssertionError, match="rank 1's __1_0.distcp is empty: the kill landed before its writes"):
+        check_kill_during_shard_writes(stall_before_shard_write)
+    with pytest.raises(AssertionError, match="lab 2 finished: your stall never made rank 1 wait"):
+        check_kill_during_shard_writes(stall_in_finish)

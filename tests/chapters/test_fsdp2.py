@@ -3,33 +3,35 @@ each checked against a single-process reference."""
 
 import pytest
 
-from distlab.chapters import fsdp2 as fi
+from distlab.chapters import fsdp2
+from distlab.infra import experiment
 from distlab.infra.launch import run_ranks
 
 
 def _two_rank_checks():
     out = {
-        "shards": fi.shard_table(),
-        "grad_diff": fi.gradient_check(),
-        "meta_diff": fi.meta_init_equals_plain(),
+        "shards": fsdp2.shard_table(),
+        "grad_diff": fsdp2.gradient_check(),
+        "meta_diff": fsdp2.meta_init_equals_plain(),
         "alive": (
-            fi.unsharded_between_forward_and_backward("tiny", True),
-            fi.unsharded_between_forward_and_backward("tiny", False),
+            fsdp2.unsharded_between_forward_and_backward("tiny", True),
+            fsdp2.unsharded_between_forward_and_backward("tiny", False),
         ),
-        "mp": fi.mixed_precision_dtypes(),
+        "mp": fsdp2.mixed_precision_dtypes(),
     }
     for strategy in ("ddp", "fsdp2", "fsdp2-no-reshard"):
-        out[strategy] = fi.train(strategy, "tiny", steps=10)
+        out[strategy] = fsdp2.train(strategy, "tiny", steps=10)
+    out["tracked"] = fsdp2.train("fsdp2", "tiny", steps=3, track_peak=True)  # the benchmark's run
     return out
 
 
 def _four_rank_checks():
-    return {s: fi.train(s, "tiny", steps=10) for s in ("fsdp2", "hsdp")}
+    return {s: fsdp2.train(s, "tiny", steps=10) for s in ("fsdp2", "hsdp")}
 
 
 @pytest.fixture(scope="module")
 def single():
-    return fi.train("single", "tiny", steps=10)
+    return fsdp2.train("single", "tiny", steps=10)
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +69,17 @@ def test_gradients_are_averaged_not_summed(two):
 
 
 def test_model_state_per_rank_is_halved(two):
-    ddp, fsdp = two[0]["ddp"]["state"], two[0]["fsdp2"]["state"]
+    ddp, fsdp = two[0]["ddp"]["state_bytes"], two[0]["fsdp2"]["state_bytes"]
     for part in ("params", "grads", "optimizer"):
         assert fsdp[part] / ddp[part] == pytest.approx(0.5, abs=0.01), part  # padding: a little over half
     assert fsdp["total"] <= 0.52 * ddp["total"]
+
+
+def test_the_benchmark_tracks_the_peak_of_the_last_step_only(two):
+    tracked, untracked = two[0]["tracked"], two[0]["fsdp2"]
+    assert tracked["losses"] == untracked["losses"][:3]  # tracking changes nothing it measures
+    assert untracked["peak"] is None and tracked["peak"]["Total"] > tracked["state_bytes"]["params"]
+    assert tracked["state_bytes"] == untracked["state_bytes"]
 
 
 def test_reshard_after_forward_frees_the_gathered_blocks(two):
@@ -90,5 +99,8 @@ def test_mixed_precision_computes_in_bf16_and_keeps_fp32_shards_and_grads(two):
 
 
 def test_unknown_strategy_is_refused():
-    with pytest.raises(ValueError, match="unknown strategy 'zero4'"):
-        fi.wrap("zero4", None, None)
+    with pytest.raises(ValueError, match="unknown strategy 'zero4'; choose one of single, ddp, .*fsdp2-bf16"):
+        experiment.strategy("zero4")
+    with pytest.raises(ValueError, match="unknown strategy 'fsdp2_bf16'"):  # hyphens, everywhere
+        fsdp2.train("fsdp2_bf16")
+    assert set(fsdp2.STRATEGIES) <= set(experiment.STRATEGIES)

@@ -11,33 +11,26 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distlab.data import TokenData, load_corpus
+from distlab.chapters.fsdp_scratch import VARIANTS, compare, gathered_bytes
+from distlab.data import token_data
+from distlab.exercises import check_bf16_unit, check_sgd_exposes_missing_division
+from distlab.infra.experiment import train
 from distlab.infra.launch import run_ranks
 from distlab.memory import state_bytes
 from distlab.model import GPT, count_parameters, preset
-from distlab.scratch.fsdp import shard_model, train, unit_parameters
+from distlab.scratch.fsdp import FlatShardUnit, shard_model, unit_parameters
+from support.exercises import passes
 
 SEED = 1337
 
 
 def tiny_gpt() -> GPT:
-    return GPT(preset("tiny", vocab_size=65), seed=SEED)
+    return GPT(preset("tiny", vocab_size=token_data().vocab_size), seed=SEED)
 
 
 def unit_numels() -> dict[str, int]:
     """Parameters per unit of the tiny GPT (the tied head counted once)."""
     return {name: sum(p.numel() for p in slots) for name, _, slots in unit_parameters(tiny_gpt())}
-
-
-def gathered_bytes(trace) -> dict:
-    """Bytes of gathered (full) parameters when forward ends, during backward, at the end."""
-    end_of_forward = next(e for e in trace if e.unit == "root" and e.what == "forward")
-    backward = [e.gathered_bytes for e in trace if e.start >= end_of_forward.end]
-    return {
-        "end_of_forward": end_of_forward.gathered_bytes,
-        "backward_max": max(backward),
-        "after_backward": trace[-1].gathered_bytes,
-    }
 
 
 def shard_checks(global_batch: int, group=None) -> dict:
@@ -47,7 +40,7 @@ def shard_checks(global_batch: int, group=None) -> dict:
     tiny model costs milliseconds); ``summed`` is what a reduction that forgot to divide
     by N would give.
     """
-    data = TokenData(load_corpus())
+    data = token_data()
     rank, n = dist.get_rank(group), dist.get_world_size(group)
     reference = tiny_gpt()
     x, y = data.batch("train", 0, global_batch, 64, SEED)  # all rows
@@ -89,9 +82,7 @@ def shard_checks(global_batch: int, group=None) -> dict:
 
 def everything_on_each_rank(steps: int, global_batch: int) -> dict:
     out = {"checks": shard_checks(global_batch)}
-    out["scratch"] = train("scratch", steps, global_batch)["losses"]
-    out["scratch_keep"] = train("scratch", steps, global_batch, reshard_after_forward=False)["losses"]
-    out["fsdp2"] = train("fsdp2", steps, global_batch)["losses"]
+    out.update({strategy: r["losses"] for strategy, r in compare(steps, global_batch).items()})
     if dist.get_world_size() == 4:
         three = dist.new_group([0, 1, 2])  # every rank must take part in creating it
         if dist.get_rank() < 3:
@@ -129,7 +120,7 @@ def check_shards(checks: dict, nprocs: int, single_bytes: dict) -> None:
 
 @pytest.fixture(scope="module")
 def single_process():
-    return train("single", steps=10, global_batch=16)
+    return train("single", "tiny", steps=10, global_batch=16)
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +140,10 @@ def sharded_runs():
 def test_losses_equal_fully_shard_and_one_process(nprocs, sharded_runs, single_process):
     """10 steps, global batch 16: per-step global mean losses equal within 1e-5 relative."""
     per_rank = sharded_runs(nprocs)
-    for kind in ("scratch", "scratch_keep", "fsdp2"):
-        assert all(r[kind] == per_rank[0][kind] for r in per_rank), kind  # every rank agrees
-        assert per_rank[0][kind] == pytest.approx(single_process["losses"], rel=1e-5), kind
+    assert VARIANTS == ("fsdp-scratch", "fsdp-scratch-no-reshard", "fsdp2")
+    for strategy in VARIANTS:
+        assert all(r[strategy] == per_rank[0][strategy] for r in per_rank), strategy  # every rank agrees
+        assert per_rank[0][strategy] == pytest.approx(single_process["losses"], rel=1e-5), strategy
     # losses alone would not catch summed gradients: AdamW hardly notices a gradient N times
     # too large (the chapter shows it), so test_shards_* compares the gradients themselves
 
@@ -168,3 +160,74 @@ def test_padding_when_the_world_size_does_not_divide_a_unit(sharded_runs, single
     assert all(k % 3 for k in unit_numels().values())
     for result in sharded_runs(4)[:3]:
         check_shards(result["three_ranks"], 3, single_process["state_bytes"])
+
+
+# ---------------------------------------------------------------- FSDP from scratch, exercises 3 and 4
+class SummingUnit(FlatShardUnit):
+    def _post_backward(self, full):
+        shard_grad = torch.empty_like(self.shard)
+        dist.reduce_scatter_single(shard_grad, full.grad, group=self.group)  # SUM, not divided by N
+        self.shard.grad = shard_grad if self.shard.grad is None else self.shard.grad + shard_grad
+        full.grad = None
+        self.free()
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.5)
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=1e-3)
+
+
+@pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
+def test_sgd_missing_division_checker(capsys):
+    assert "catches the bug" in passes(check_sgd_exposes_missing_division, sgd, SummingUnit, capsys=capsys)
+    with pytest.raises(AssertionError, match="cannot see the bug"):
+        check_sgd_exposes_missing_division(adamw, SummingUnit)
+    with pytest.raises(AssertionError, match="1.000 times the averaged one: it still divides by N"):
+        check_sgd_exposes_missing_division(sgd, FlatShardUnit)
+    with pytest.raises(ValueError, match="subclass of distlab.scratch.fsdp.FlatShardUnit"):
+        check_sgd_exposes_missing_division(sgd, "SummingUnit")
+
+
+class Bf16Unit(FlatShardUnit):
+    def __init__(self, *args):
+        super().__init__(*args)
+        # a bf16 leaf in place of the fp32 one: all-gathered and computed in bf16
+        self.full = torch.empty(self.full.numel(), dtype=torch.bfloat16, device=self.shard.device, requires_grad=True)
+        self.full.untyped_storage().resize_(0)
+        self.full.register_post_accumulate_grad_hook(self._post_backward)
+
+    def gather(self):
+        storage = self.full.untyped_storage()
+        if storage.nbytes() > 0:
+            return
+        storage.resize_(self.full.numel() * self.full.element_size())
+        dist.all_gather_single(self.full.data, self.shard.data.to(torch.bfloat16), group=self.group)
+
+    def _post_backward(self, full):
+        shard_grad = torch.empty_like(self.shard)  # fp32
+        dist.reduce_scatter_single(shard_grad, full.grad.float(), group=self.group)
+        shard_grad.div_(dist.get_world_size(self.group))
+        self.shard.grad = shard_grad if self.shard.grad is None else self.shard.grad + shard_grad
+        full.grad = None
+        self.free()
+
+
+class Bf16UnitWithoutDivision(Bf16Unit):
+    def _post_backward(self, full):
+        shard_grad = torch.empty_like(self.shard)
+        dist.reduce_scatter_single(shard_grad, full.grad.float(), group=self.group)
+        self.shard.grad = shard_grad
+        full.grad = None
+        self.free()
+
+
+@pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
+def test_bf16_unit_checker(capsys):
+    assert "MixedPrecisionPolicy" in passes(check_bf16_unit, Bf16Unit, capsys=capsys)
+    with pytest.raises(AssertionError, match="computed with .*float32.* weights; expected bfloat16"):
+        check_bf16_unit(FlatShardUnit, (2,))  # the chapter's unit: all fp32
+    with pytest.raises(AssertionError, match="differs from FSDP2's mixed precision by .* missing division"):
+        check_bf16_unit(Bf16UnitWithoutDivision, (2,))

@@ -2,7 +2,7 @@
 
 Each node is one real torchrun process with ``--nnodes=2`` and a c10d rendezvous; only the
 machines are not real. The losses of a run are compared with lab 1's baseline (one process,
-the whole batch) with the tolerance tests/test_lab2_lab3.py uses for 2 ranks on one node:
+the whole batch) with the tolerance tests/labs/test_lab2_ddp.py uses for 2 ranks on one node:
 relative 1e-5 per step.
 """
 
@@ -19,14 +19,14 @@ import pytest
 from distlab.chapters.multi_node import (
     EMULATED_SLURM,
     SBATCH_SCRIPT,
-    _alive,
-    free_port,
     run_nodes,
     run_sbatch_emulated,
     sbatch_directives,
     torchrun_command,
 )
-from distlab.infra.launch import LaunchTimeout, PortInUse
+from distlab.infra.launch import LaunchTimeout
+from distlab.infra.ports import PortInUse, free_port
+from distlab.infra.processes import alive
 from distlab.metrics import read_metrics, read_summary
 from support.labs import BASELINE
 
@@ -135,7 +135,7 @@ def test_a_timeout_kills_processes_in_sessions_of_their_own(tmp_path):
     with pytest.raises(LaunchTimeout, match="every process of every node was killed"):
         run_nodes([parent], timeout=3)
     assert time.monotonic() - start < 10
-    assert not _alive(int(pid_file.read_text()))
+    assert not alive(int(pid_file.read_text()))
 
 
 def test_a_taken_rendezvous_port_is_refused(tmp_path):

@@ -1,5 +1,5 @@
-"""The memory calculator: the ZeRO paper's numbers, the static page's arithmetic, and bytes
-measured on real DDP and FSDP2 ranks."""
+"""The memory calculator and the ZeRO memory chapter's experiments: the ZeRO paper's numbers, the
+static page's arithmetic, and bytes measured on real DDP and FSDP2 ranks (``measure_one_step``)."""
 
 import itertools
 import json
@@ -9,9 +9,17 @@ import subprocess
 import pytest
 import torch
 
-from distlab.chapters.activation_checkpointing import checkpoint_blocks
+from distlab.chapters.zero_memory import (
+    MEASURED,
+    activation_rows,
+    allocated_state_bytes,
+    measure_one_step,
+    measured_rows,
+    paper_table_1,
+    reduction,
+)
 from distlab.infra.launch import run_ranks
-from distlab.memory import saved_activation_bytes
+from distlab.memory import state_bytes
 from distlab.model import GPT, count_parameters, preset
 from distlab.tools.calculator_page import calculator_html, calculator_widget, format_bytes, format_estimate
 from distlab.tools.memory_calculator import (
@@ -19,15 +27,12 @@ from distlab.tools.memory_calculator import (
     GB,
     MODELS,
     OPTIMIZERS,
-    PAPER_DP,
-    PAPER_TABLE_1,
     STRATEGIES,
     activation_bytes,
     agrees_with_print,
     calculator_data,
     estimate,
     exact_adamw_state_bytes,
-    measure_one_step,
     per_rank_bytes,
     zero_paper_bytes,
 )
@@ -35,21 +40,15 @@ from distlab.tools.memory_calculator import (
 STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 
 
-def paper_cells():
-    for psi, rows in PAPER_TABLE_1.items():
-        for stage, printed in rows.items():
-            yield from ((psi, stage, n, p) for n, p in zip(PAPER_DP, printed.split()))
-
-
 def test_every_cell_of_the_papers_table_1_to_its_printed_digits():
+    cells = paper_table_1()
+    assert len(cells) == 3 * 3 * 6  # 3 models x stages 1-3 x 6 data-parallel degrees
     ways = {}
-    for psi, stage, n, printed in paper_cells():
-        ours = per_rank_bytes(psi, n, "bf16_mixed", "adamw", STAGES[stage])["total"]
-        assert ours == pytest.approx(zero_paper_bytes(psi, n, stage), rel=1e-15)
-        way = agrees_with_print(ours / GB, printed)
-        assert way is not None, (psi, stage, n, printed, ours / GB)
-        assert abs(ours / GB - float(printed)) < 1.0  # and never off by a printed unit
-        ways.setdefault(psi, set()).add(way)
+    for c in cells:  # the calculator's cell against the paper's own formula, and its printed digits
+        assert c["ours_gb"] * GB == pytest.approx(zero_paper_bytes(c["psi"], c["ranks"], c["stage"]), rel=1e-15)
+        assert c["agrees"] is not None and c["agrees"] == agrees_with_print(c["ours_gb"], c["printed"]), c
+        assert abs(c["ours_gb"] - float(c["printed"])) < 1.0  # and never off by a printed unit
+        ways.setdefault(c["psi"], set()).add(c["agrees"])
     # the 7.5B columns are rounded; in the 128B and 1T columns fractions were dropped
     assert ways == {7.5e9: {"rounded"}, 128e9: {"rounded", "truncated"}, 1e12: {"rounded", "truncated"}}
 
@@ -61,15 +60,13 @@ def test_figure_1_example_and_the_papers_gb_is_1e9_bytes():
 
 
 def test_stage_1_and_2_saturate_at_4x_and_8x_stage_3_is_n_times():
-    full = per_rank_bytes(1.0, 1, "bf16_mixed")["total"]  # 16 bytes per parameter
-
-    def at(strategy, n, dtype="bf16_mixed"):
-        return per_rank_bytes(1.0, n, dtype, "adamw", strategy)["total"]
-
-    assert full / at("zero1", 2**40) == pytest.approx(4) and full / at("zero2", 2**40) == pytest.approx(8)
-    assert full / at("zero1", 64) < 4 and full / at("zero3", 64) == 64
-    assert 16 / at("zero1", 2**40, "fp32") == pytest.approx(2)  # fp32 AdamW: at most 2x, 4x
-    assert 16 / at("zero2", 2**40, "fp32") == pytest.approx(4)
+    assert reduction("zero1", 2**40, "bf16_mixed") == pytest.approx(4) == 16 / (4 + 12 / 2**40)
+    assert reduction("zero2", 2**40, "bf16_mixed") == pytest.approx(8)
+    assert reduction("zero1", 8, "bf16_mixed") == 16 / (4 + 12 / 8) and reduction("zero3", 64, "fp32") == 64
+    assert reduction("zero1", 2**40, "fp32") == pytest.approx(2)  # fp32 AdamW (4 + 4 + 8): at most 2x, 4x
+    assert reduction("zero2", 2**40, "fp32") == pytest.approx(4)
+    with pytest.raises(ValueError, match="unknown strategy 'zero4'"):
+        reduction("zero4", 8, "fp32")
 
 
 def test_bytes_per_param_match_the_paper_and_fp32_adamw():
@@ -248,20 +245,26 @@ def test_the_page_fetches_nothing_and_the_widget_builds():
     assert "31.4 GB" in text and "n/a" in text
 
 
-@pytest.mark.parametrize("name,batch", [("tiny", 4), ("shakespeare", 2)])
-def test_checkpointed_activations_match_saved_tensors_to_the_byte(name, batch):
-    cfg = preset(name)
-    idx, targets = torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size))
-    plain = saved_activation_bytes(GPT(cfg), idx, targets)
-    checkpointed = saved_activation_bytes(checkpoint_blocks(GPT(cfg)), idx, targets)
-    assert plain == activation_bytes(cfg, batch, cfg.block_size)["saved"]
-    expected = activation_bytes(cfg, batch, cfg.block_size, checkpointing=True)
-    assert checkpointed == expected["saved"] < plain
-    # checkpointing drops, per block, everything but its (B, T, C) input; the backward pass
-    # recomputes that one block at a time, which is the peak's extra term
-    dropped_per_block = (plain - checkpointed) // cfg.n_layer
-    assert expected["recompute"] == dropped_per_block + 4 * batch * cfg.block_size * cfg.n_embd
-    assert expected["peak"] == checkpointed + expected["recompute"]
+def test_checkpointed_activations_match_saved_tensors_to_the_byte():
+    for row in activation_rows([("tiny", 4), ("shakespeare", 2)]):  # counted with a saved-tensors hook
+        cfg, batch, plain, checkpointed = preset(row["preset"]), row["batch"], row["plain"], row["checkpointed"]
+        assert plain == activation_bytes(cfg, batch, cfg.block_size)["saved"] == row["formula_plain"]
+        expected = activation_bytes(cfg, batch, cfg.block_size, checkpointing=True)
+        assert checkpointed == expected["saved"] == row["formula_checkpointed"] < plain
+        # checkpointing drops, per block, everything but its (B, T, C) input; the backward pass
+        # recomputes that one block at a time, which is the peak's extra term
+        dropped_per_block = (plain - checkpointed) // cfg.n_layer
+        assert expected["recompute"] == dropped_per_block + 4 * batch * cfg.block_size * cfg.n_embd
+        assert row["peak"] == expected["peak"] == checkpointed + expected["recompute"]
+
+
+def test_allocated_bytes_of_a_plain_model_are_its_tensor_bytes_and_a_tied_matrix_counts_once():
+    model = GPT(preset("tiny"), seed=0)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(*torch.randint(0, 65, (2, 2, 8)))[1].backward()
+    optimizer.step()
+    assert allocated_state_bytes(model, optimizer) == state_bytes(model, optimizer)  # no padding, no sharing
+    assert allocated_state_bytes(model, optimizer)["params"] == 4 * count_parameters(model)  # wte = lm_head
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -269,6 +272,7 @@ def test_measured_ddp_and_fsdp2_bytes_are_predicted_exactly(world_size):
     ranks = run_ranks(measure_one_step, nprocs=world_size, timeout=180, quiet=True)
     shapes = ranks[0]["shapes"]
     n_params = count_parameters(GPT(preset("tiny")))
+    assert set(ranks[0]) == {"shapes", *MEASURED} and MEASURED == ("ddp", "fsdp2", "fsdp2-bf16")
     for rank, got in enumerate(ranks):
         for kind, fsdp2 in (("ddp", False), ("fsdp2", True)):
             for view, storage in (("counted", False), ("allocated", True)):
@@ -281,6 +285,10 @@ def test_measured_ddp_and_fsdp2_bytes_are_predicted_exactly(world_size):
         # 4-byte step counters and FSDP2's uneven split of rows
         assert got["ddp"]["counted"]["total"] == per_rank_bytes(n_params, world_size)["total"] + 4 * len(shapes)
         # bf16 compute under FSDP2 keeps fp32 shards, gradients and moments: the same bytes
-        assert got["fsdp2_bf16"]["counted"] == got["fsdp2"]["counted"]
+        assert got["fsdp2-bf16"]["counted"] == got["fsdp2"]["counted"]
     fsdp_params = [got["fsdp2"]["counted"]["params"] for got in ranks]
     assert sum(fsdp_params) == 4 * n_params and len(set(fsdp_params)) == 2  # the last rank holds fewer rows
+    rows = measured_rows({world_size: ranks})  # the page's table: one row per rank and strategy
+    assert [(r["rank"], r["strategy"]) for r in rows] == [(r, s) for r in range(world_size) for s in ("ddp", "fsdp2")]
+    assert all(r["counted"] == r["exact"] and r["difference"] == r["counted"] - r["calculator"] for r in rows)
+    assert {r["difference"] for r in rows if r["strategy"] == "ddp"} == {4 * len(shapes)}  # the step counters

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import math
+import shutil
 
 import pytest
 
@@ -93,11 +94,11 @@ def test_bad_input_ends_with_one_line_and_nonzero_exit(args, message, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_a_corrupt_data_file_is_refused(tmp_path):
-    corrupt = tmp_path / "tinyshakespeare.txt"
-    corrupt.write_text("To be, or not to be: that is the question.\n" * 100)
-    proc = run_lab("lab1_single.py", "--steps", "2", "--data", corrupt, "--out", tmp_path)
-    assert proc.returncode != 0 and "corrupt" in proc.stderr and "Traceback" not in proc.stderr
+def test_a_data_file_that_is_not_utf8_is_refused(tmp_path):
+    latin1 = tmp_path / "corpus.txt"
+    latin1.write_bytes("À bientôt, Roméo.\n".encode("latin-1") * 200)
+    proc = run_lab("lab1_single.py", "--steps", "2", "--data", latin1, "--out", tmp_path)
+    assert proc.returncode != 0 and "not UTF-8" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_help_lists_every_flag_with_its_comment():
@@ -139,6 +140,31 @@ def test_shakespeare_preset_trains_and_its_loss_falls(tmp_path):
     losses = [m["loss"] for m in read_metrics(tmp_path)]
     assert read_summary(tmp_path)["parameters"] == 10_770_816
     assert losses[-1] < losses[0] - 0.5
+
+
+def test_a_stopped_run_resumed_with_latest_gives_the_losses_of_never_stopping(tmp_path):
+    """Checkpointing is lab 1's, in one process with no process group: 6 steps straight (saving
+    after 3 and 6) vs a run stopped after its step-3 save and resumed with --resume latest."""
+    args = ["--steps", "6", "--checkpoint-every", "3", "--eval-batches", "2", "--sample-chars", "0", "--no-progress"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    proc = run_lab("lab1_single.py", *args, "--out", straight)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == ["step_000003", "step_000006"]
+    assert json.loads((straight / "checkpoints" / "step_000003" / "train_state.json").read_text())["world_size"] == 1
+    # what the stopped run left in its OUT: the checkpoint of step 3 and the log of steps 0-2
+    shutil.copytree(straight / "checkpoints" / "step_000003", stopped / "checkpoints" / "step_000003")
+    before = (straight / "metrics.jsonl").read_text().splitlines(keepends=True)[:3]
+    (stopped / "metrics.jsonl").write_text("".join(before))
+
+    proc = run_lab("lab1_single.py", *args, "--resume", "latest", "--out", stopped)
+    assert proc.returncode == 0, proc.stderr
+    assert "at step 3" in proc.stdout and "RNG reseeded" not in proc.stdout, proc.stdout
+    assert "single process" not in proc.stderr  # DCP's warning about running without a group is ours to expect
+    assert [m["step"] for m in read_metrics(stopped)] == [3, 4, 5]
+    straight_losses = [m["loss"] for m in read_metrics(straight)]
+    assert [m["loss"] for m in read_metrics(stopped)] == straight_losses[3:]  # exactly: same bits
+    assert read_summary(stopped)["final_val_loss"] == read_summary(straight)["final_val_loss"]
+    assert (stopped / "metrics.before_step_000003.jsonl").read_text() == "".join(before)  # kept aside
 
 
 def test_the_model_file_is_frozen():

@@ -15,8 +15,8 @@ import torch
 
 from distlab.accel import check_fsdp_request
 from distlab.errors import UserError
-from distlab.infra.launch import free_port
 from distlab.infra.paths import REPO_ROOT
+from distlab.infra.ports import free_port
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import GPT, preset
 from support.labs import run_lab, torchrun

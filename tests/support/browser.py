@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 # Chromium's own background traffic (updates, sync, field trials) is off, so every request the
-# tests see comes from the page. See ../shared/PLATFORM.md.
+# tests see comes from the page (the flags Debian's Chromium needs headless, as root, offline).
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",

@@ -1,7 +1,7 @@
 """Run a lab script with a check in ``torch.distributed.destroy_process_group``: when it is
 called, no DistributedDataParallel model may be alive any more.
 
-    python tests/freed_before_destroy.py src/labs/lab2_ddp.py --preset tiny ...
+    python tests/support/freed_before_destroy.py src/labs/lab2_ddp.py --preset tiny ...
 
 A DDP model that outlives the group destroys it later, from its reducer, with the GIL held:
 gloo can deadlock there (the debugging chapter, "exit order"). The check finds every live DDP

@@ -24,6 +24,7 @@ import torch
 
 from distlab.bench.provenance import provenance, write_result
 from distlab.chapters.activation_checkpointing import activation_memory, build, gradients
+from distlab.infra.experiment import WARMUP_STEPS
 from distlab.infra.launch import run_script
 from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_metrics, read_summary
@@ -39,7 +40,7 @@ POLICIES = [
 ]
 
 
-def single_process(preset: str, batch: int, steps: int, warmup: int = 2) -> list[dict]:
+def single_process(preset: str, batch: int, steps: int, warmup: int = WARMUP_STEPS) -> list[dict]:
     cfg = model_preset(preset)  # the config only: no model needs building for it
     gen = torch.Generator().manual_seed(0)
     idx, targets = torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size), generator=gen)
@@ -119,7 +120,7 @@ def with_fsdp2(preset: str, batch: int, steps: int, nprocs: int) -> list[dict]:
             quiet=True,
         )
         metrics, summary = read_metrics(out), read_summary(out)
-        step_s = [m["step_s"] for m in metrics][2:]  # the lab's own step timing, the first 2 steps left out
+        step_s = [m["step_s"] for m in metrics][WARMUP_STEPS:]  # the lab's own step timing, warm-up left out
         runs.append(
             {
                 "mode": mode,
@@ -141,8 +142,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="shakespeare", help="model preset (default: shakespeare)")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per step (default: 16)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per policy, after 2 untimed (default: 5)")
-    parser.add_argument("--fsdp2-steps", type=int, default=10, help="timed steps of each lab 5 run, after 2 untimed")
+    parser.add_argument(
+        "--steps", type=int, default=5, help=f"timed steps per policy, after {WARMUP_STEPS} untimed (default: 5)"
+    )
+    parser.add_argument(
+        "--fsdp2-steps", type=int, default=10, help=f"timed steps of each lab 5 run, after {WARMUP_STEPS} untimed"
+    )
     parser.add_argument("--nprocs", type=int, default=2, help="ranks for the FSDP2 runs of lab 5 (0: skip them)")
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "ac_bench.json"))
     args = parser.parse_args(argv)
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
         "single_process": single_process(args.preset, args.batch_size, args.steps),
     }
     if args.nprocs:
-        result["fsdp2"] = with_fsdp2(args.preset, args.batch_size, args.fsdp2_steps + 2, args.nprocs)
+        result["fsdp2"] = with_fsdp2(args.preset, args.batch_size, args.fsdp2_steps + WARMUP_STEPS, args.nprocs)
     write_result(result, args.out)
     return result
 

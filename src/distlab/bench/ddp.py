@@ -4,7 +4,8 @@
 
 Measures, on the machine it runs on:
 * lab 1 (one process, all cores) and lab 2 (N ranks, cores shared out) as a user runs them;
-* torch DDP and the from-scratch naive / hooks / bucketed wrappers on the same workload;
+* torch DDP (``ddp``) and the from-scratch ``ddp-naive``, ``ddp-hooks``, ``ddp-bucketed`` on the
+  same workload (strategy names from ``distlab.infra.experiment``);
 * torch DDP at several ``bucket_cap_mb``.
 Results go to ``--out`` (default ``results/ddp_bench.json``) with their provenance; the
 DDP chapter reads that file instead of re-running minutes of benchmarks at every build.
@@ -16,7 +17,8 @@ import argparse
 import tempfile
 
 from distlab.bench.provenance import provenance, write_result
-from distlab.chapters.ddp_internals import train_steps
+from distlab.chapters.ddp_internals import FROM_SCRATCH, train_steps
+from distlab.infra.experiment import WARMUP_STEPS
 from distlab.infra.launch import run_ranks, run_script
 from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_summary
@@ -53,13 +55,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="shakespeare")
     parser.add_argument("--batch-size", type=int, default=16, help="global batch")
-    parser.add_argument("--steps", type=int, default=12, help="steps per run; the first 2 are not timed")
+    parser.add_argument("--steps", type=int, default=12, help=f"steps per run; the first {WARMUP_STEPS} are not timed")
     parser.add_argument("--nprocs", type=int, default=2, help="ranks")
     parser.add_argument("--bucket-caps", type=float, nargs="+", default=[1.0, 25.0, 100.0])
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "ddp_bench.json"))
     args = parser.parse_args(argv)
-    if args.steps < 3:
-        parser.error("--steps must be at least 3 (the first two steps are not timed)")
+    if args.steps <= WARMUP_STEPS:
+        parser.error(f"--steps must be more than the {WARMUP_STEPS} untimed warm-up steps")
 
     result = {
         "provenance": provenance("distlab.bench.ddp", argv),
@@ -80,23 +82,23 @@ def main(argv: list[str] | None = None) -> dict:
     for name, r in result["labs"].items():
         print(f"  {name:26} {r['tokens_per_s']:9,.0f} tokens/s", flush=True)
 
-    def run(kind: str, cap: float = 25.0) -> dict:
+    def run(strategy: str, cap: float = 25.0) -> dict:
         ranks = run_ranks(
             train_steps,
             nprocs=args.nprocs,
             timeout=1800,
             quiet=True,
-            args=(kind, args.preset, args.steps, args.batch_size, 1337, cap),
+            args=(strategy, args.preset, args.steps, args.batch_size, 1337, cap),
         )
         return {"tokens_per_s": min(r["tokens_per_s"] for r in ranks), "bucket_cap_mb": cap}
 
     result["wrappers"] = {}
-    for kind in ("torch", "naive", "hooks", "bucketed"):
-        result["wrappers"][kind] = run(kind)
-        print(f"  {kind:26} {result['wrappers'][kind]['tokens_per_s']:9,.0f} tokens/s", flush=True)
+    for strategy in ("ddp", *FROM_SCRATCH):
+        result["wrappers"][strategy] = run(strategy)
+        print(f"  {strategy:26} {result['wrappers'][strategy]['tokens_per_s']:9,.0f} tokens/s", flush=True)
     result["bucket_caps"] = {}
     for cap in args.bucket_caps:
-        result["bucket_caps"][str(cap)] = run("torch", cap)
+        result["bucket_caps"][str(cap)] = run("ddp", cap)
         print(
             f"  torch DDP, bucket_cap_mb={cap:<6} {result['bucket_caps'][str(cap)]['tokens_per_s']:9,.0f} tokens/s",
             flush=True,
@@ -106,9 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     w = result["wrappers"]
     result["ratios"] = {
         "lab2_over_lab1": labs[1]["tokens_per_s"] / labs[0]["tokens_per_s"],
-        "bucketed_over_torch": w["bucketed"]["tokens_per_s"] / w["torch"]["tokens_per_s"],
-        "naive_over_torch": w["naive"]["tokens_per_s"] / w["torch"]["tokens_per_s"],
-        "hooks_over_torch": w["hooks"]["tokens_per_s"] / w["torch"]["tokens_per_s"],
+        **{f"{s}_over_ddp": w[s]["tokens_per_s"] / w["ddp"]["tokens_per_s"] for s in FROM_SCRATCH},
     }
     for name, ratio in result["ratios"].items():
         print(f"  {name:26} {ratio:.3f}")

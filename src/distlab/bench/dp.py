@@ -4,8 +4,10 @@ batches of the `shakespeare` GPT, with each step's loss and time and one step's 
     python -m distlab.bench.dp                      # writes results/dp_bench.json
     python -m distlab.bench.dp --steps 8 --out /tmp/dp.json
 
-The variants: the plain model; ``ScratchDataParallel`` with 2 replicas in 2 threads; the same
-with 1 intra-op thread; the same replicas one after the other; torch DDP on 2 ranks. Steps of
+The variants, by their names in ``distlab.infra.experiment``: ``single`` (the model alone);
+``dp-scratch`` (``ScratchDataParallel``, 2 replicas in 2 threads); ``dp-scratch-1-intra-op``
+(the same with 1 intra-op thread); ``dp-scratch-no-threads`` (the same replicas one after the
+other); ``ddp`` (torch DDP on 2 ranks). Steps of
 the 10.8M-parameter model take seconds on a small CPU, so the chapter reads this recording
 (with its provenance) instead of timing them on every build; it still trains every variant
 live on the `tiny` model and checks the losses.
@@ -20,27 +22,26 @@ from pathlib import Path
 from distlab.bench.provenance import provenance, write_result
 from distlab.chapters.data_parallel import train_steps
 from distlab.chapters.ddp_internals import train_steps as ddp_train_steps
+from distlab.infra.experiment import WARMUP_STEPS
 from distlab.infra.launch import run_ranks
 from distlab.infra.paths import REPO_ROOT
 from distlab.scratch.data_parallel import Span
 
 DEFAULT_OUT = REPO_ROOT / "results" / "dp_bench.json"
-WARMUP_STEPS = 2  # not timed: the first steps warm up allocators and caches
+DDP_RANKS = 2  # ranks of the ddp run; the launcher shares the cores out among them (lab 2's set-up)
 
 
 def compare(preset_name: str, steps: int, global_batch: int) -> dict[str, dict]:
     """Each variant's losses, step seconds and the spans of its last step."""
     workload = dict(preset_name=preset_name, steps=steps, global_batch=global_batch)
     runs = {
-        "plain": train_steps("plain", **workload),
-        "scratch DP": train_steps("scratch", **workload),
-        "scratch DP, 1 intra-op": train_steps("scratch", threads=1, **workload),
-        "scratch DP, no threads": train_steps("scratch, no threads", **workload),
+        strategy: train_steps(strategy, **workload)
+        for strategy in ("single", "dp-scratch", "dp-scratch-1-intra-op", "dp-scratch-no-threads")
     }
     ddp = run_ranks(
-        ddp_train_steps, nprocs=2, timeout=1800, quiet=True, args=("torch", preset_name, steps, global_batch)
+        ddp_train_steps, nprocs=DDP_RANKS, timeout=1800, quiet=True, args=("ddp", preset_name, steps, global_batch)
     )
-    runs["DDP, 2 ranks"] = {
+    runs["ddp"] = {
         "losses": ddp[0]["losses"],
         "spans": [],
         "step_s": [max(s) for s in zip(*(r["step_s"] for r in ddp))],

@@ -18,6 +18,7 @@ import statistics
 
 from distlab.bench.provenance import provenance, write_result
 from distlab.chapters.fsdp2 import train
+from distlab.infra.experiment import WARMUP_STEPS
 from distlab.infra.launch import run_ranks
 from distlab.infra.paths import REPO_ROOT
 from distlab.model import preset as model_preset
@@ -33,13 +34,13 @@ def measure(strategy: str, nprocs: int, preset: str, batch: int, steps: int) -> 
         args=(strategy, preset, steps, batch, 1337, 1e-3, True),
     )  # track_peak
     step_s = [max(s) for s in zip(*(r["step_s"] for r in ranks))]  # a step ends when its slowest rank does
-    timed = step_s[2:] or step_s
+    timed = step_s[WARMUP_STEPS:]
     return {
         "strategy": strategy,
         "world_size": nprocs,
         "losses": ranks[0]["losses"],
         "tokens_per_s": batch * model_preset(preset).block_size / statistics.median(timed),
-        "state_per_rank": [r["state"] for r in ranks],
+        "state_per_rank": [r["state_bytes"] for r in ranks],
         "peak_per_rank": [r["peak"] for r in ranks],
     }
 
@@ -48,13 +49,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="shakespeare")
     parser.add_argument("--batch-size", type=int, default=16, help="global batch")
-    parser.add_argument("--steps", type=int, default=6, help="steps per run; the first 2 are not timed")
+    parser.add_argument("--steps", type=int, default=6, help=f"steps per run; the first {WARMUP_STEPS} are not timed")
     parser.add_argument("--nprocs", type=int, nargs="+", default=[2, 4], help="world sizes")
     parser.add_argument("--bf16-steps", type=int, default=3, help="steps of the bf16 run (0: skip)")
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "fsdp_bench.json"))
     args = parser.parse_args(argv)
-    if args.steps < 3 or (args.bf16_steps and args.bf16_steps < 3):
-        parser.error("--steps and --bf16-steps must be at least 3 (the first two steps are not timed)")
+    if args.steps <= WARMUP_STEPS or (args.bf16_steps and args.bf16_steps <= WARMUP_STEPS):
+        parser.error(f"--steps and --bf16-steps must be more than the {WARMUP_STEPS} untimed warm-up steps")
 
     result = {
         "provenance": provenance("distlab.bench.fsdp", argv),

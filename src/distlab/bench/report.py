@@ -1,12 +1,12 @@
-"""What a recorded benchmark (``python -m distlab.bench``) says: ratios, scaling, goals.
+"""What a recorded benchmark (``python -m distlab.bench``) says about the project's goals.
 
-The Benchmarks chapter, the harness's last lines and the tests all read results through
-these functions, so a figure in the book is computed one way only.
+The harness's last lines and the Benchmarks chapter both read the goals through ``targets``,
+so a verdict in the book is computed one way only. The chapter's own tables and figures
+(scaling, loss agreement, memory) are in ``distlab.chapters.benchmarks``, as are ``run`` and
+``activations``, which read one run of a result for both.
 
     result = load_result("results/bench/cpu_shakespeare_fp32.json")
-    run(result, "lab4_fsdp2", 2)["tokens_per_s"]
     targets(result)       # each goal of the project: measured value, met or not
-    scaling(result)       # tokens/s at N ranks over N times the same lab at 1 rank
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from distlab.chapters.benchmarks import activations, run
 from distlab.infra.paths import REPO_ROOT
 
 RESULTS = REPO_ROOT / "results" / "bench"
@@ -26,19 +27,6 @@ def load_result(path: str | Path) -> dict:
 def recorded_results(folder: str | Path = RESULTS) -> dict[str, dict]:
     """Every result file in ``folder``, by file name (without .json)."""
     return {p.stem: load_result(p) for p in sorted(Path(folder).glob("*.json"))}
-
-
-def run(result: dict, lab: str, world_size: int) -> dict | None:
-    """The run of ``lab`` at ``world_size`` ranks, or None if it was not made or failed."""
-    for r in result["runs"]:
-        if r["lab"] == lab and r["world_size"] == world_size and "error" not in r:
-            return r
-    return None
-
-
-def activations(r: dict) -> int:
-    """Activation bytes in rank 0's peak moment (the tracker's "activations" kind)."""
-    return r["peak_bytes_by_kind"]["activations"]
 
 
 # (name, what is compared, goal, direction, how it is computed from the runs)
@@ -121,40 +109,6 @@ def targets(result: dict) -> list[dict]:
             {"goal": name, "compared": compared, "target": f"{direction} {goal}", "measured": value, "met": met}
         )
     return rows
-
-
-def scaling(result: dict) -> list[dict]:
-    """Per lab and rank count: tokens/s, and the efficiency against the same lab on 1 rank
-    (and against lab 1) = tokens/s at N / (N x tokens/s at 1)."""
-    lab1 = run(result, "lab1_single", 1)
-    rows = []
-    for r in result["runs"]:
-        if "error" in r:
-            continue
-        one = run(result, r["lab"], 1)
-        n = r["world_size"]
-        rows.append(
-            {
-                "lab": r["lab"],
-                "ranks": n,
-                "tokens_per_s": r["tokens_per_s"],
-                "efficiency_vs_own_1_rank": r["tokens_per_s"] / (n * one["tokens_per_s"]) if one else None,
-                "efficiency_vs_lab1": r["tokens_per_s"] / (n * lab1["tokens_per_s"]) if lab1 else None,
-            }
-        )
-    return rows
-
-
-def loss_agreement(result: dict) -> dict[tuple[str, int], float]:
-    """Largest relative difference of each run's losses from lab 1's, step by step."""
-    lab1 = run(result, "lab1_single", 1)
-    if lab1 is None:
-        return {}
-    return {
-        (r["lab"], r["world_size"]): max(abs(a - b) / abs(b) for a, b in zip(r["losses"], lab1["losses"]))
-        for r in result["runs"]
-        if "error" not in r
-    }
 
 
 def print_targets(result: dict) -> None:

@@ -93,20 +93,6 @@ def fsdp_plugin_on_cpu() -> dict:
     }
 
 
-def with_cpu_true() -> dict:
-    """The right way: one group of N, a DDP wrapper, and equal weights on every rank."""
-    from accelerate import Accelerator
-
-    accelerator = Accelerator(cpu=True)
-    model = _train(accelerator, GPT(preset("tiny"), seed=0))
-    return {
-        "num_processes": accelerator.num_processes,
-        "distributed_type": str(accelerator.distributed_type),
-        "strategy": strategy_of(model),
-        "weights": fingerprint(model),
-    }
-
-
 def accumulate_trace(out_dir: str, accum_steps: int = 4) -> None:
     """Under ``notebook_launcher``: for each micro-batch, does Accelerate sync, how many
     gradient all-reduces does DDP send, and does the optimizer really step? Then what

@@ -1,125 +1,55 @@
-"""Train the GPT with DataParallel variants in this process, timing each phase of a step.
+"""The DataParallel chapter's experiments: each variant trained on the same batches, one
+step's phases timed, and which threads run the replicas' backward.
 
-    train_steps("scratch", preset_name="tiny", steps=5)   # from-scratch DataParallel, 2 replicas
+    train_steps("dp-scratch", preset_name="tiny", steps=5)   # from-scratch DataParallel, 2 replicas
 
-Kinds (all in one process, on the same global batches as lab 1 and ``ddp_compare``):
-``plain`` (the module alone), ``nn.DataParallel`` (torch's wrapper; with no GPU it calls
-the module once on the whole batch), ``scratch`` (``ScratchDataParallel``, one thread per
-replica) and ``scratch, no threads`` (the same replicas run one after the other: the
-difference from ``scratch`` is what the threads overlapped).
+The variants (``STRATEGIES``, names from ``distlab.infra.experiment``), all in one process
+on the same global batches as lab 1: ``single`` (the module alone), ``dp``
+(``nn.DataParallel``; with no GPU it calls the module once on the whole batch),
+``dp-scratch`` (``ScratchDataParallel``, one thread per replica), ``dp-scratch-1-intra-op``
+(the same with one intra-op thread) and ``dp-scratch-no-threads`` (the same replicas one
+after the other: the difference from ``dp-scratch`` is what the threads overlapped).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
 
-import torch
-import torch.nn as nn
+from distlab.data import token_data
+from distlab.infra.experiment import WrapOptions, gpt, train
+from distlab.model import preset
+from distlab.runtime import pick_device
+from distlab.scratch.data_parallel import Span, gather, replica_devices, replicate, scatter
 
-from distlab.data import TokenData, load_corpus
-from distlab.model import GPT, preset
-from distlab.runtime import pick_device, synchronize
-from distlab.scratch.data_parallel import ScratchDataParallel, Span, _timed, gather, replica_devices, replicate, scatter
-
-KINDS = ("plain", "nn.DataParallel", "scratch", "scratch, no threads")
-
-
-class _SequentialDataParallel(ScratchDataParallel):
-    """``ScratchDataParallel`` with the replicas run one after the other in the caller's thread."""
-
-    def apply(self, replicas, chunks):
-        outputs = []
-        for i, (replica, chunk) in enumerate(zip(replicas, chunks)):
-            with _timed(self.trace, "main", f"forward {i}"):
-                outputs.append(replica(*chunk))
-        return outputs
-
-
-@contextmanager
-def intra_op_threads(n: int | None):
-    """Run the block with ``n`` intra-op threads (None: leave the setting alone)."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def wrap(kind: str, model: nn.Module, device: torch.device, replicas: int) -> nn.Module:
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
-    if kind == "plain":
-        return model
-    if kind == "nn.DataParallel":
-        return nn.DataParallel(model)  # every visible GPU, or (no GPU) the module itself
-    devices = replica_devices(device, replicas)
-    cls = ScratchDataParallel if kind == "scratch" else _SequentialDataParallel
-    return cls(model, devices)
+STRATEGIES = ("single", "dp", "dp-scratch", "dp-scratch-1-intra-op", "dp-scratch-no-threads")
 
 
 def train_steps(
-    kind: str,
+    strategy: str,
     preset_name: str = "tiny",
     steps: int = 10,
     global_batch: int = 16,
     seed: int = 1337,
     replicas: int = 2,
-    lr: float = 1e-3,
-    threads: int | None = None,
 ) -> dict:
-    """``steps`` AdamW steps; returns each step's loss and seconds, and the last step's spans.
-
-    ``threads``: intra-op threads for the run (None: as the process has them).
-    """
-    if steps < 1 or global_batch < 1 or replicas < 1:
-        raise ValueError("steps, global_batch and replicas must be positive")
-    data = TokenData(load_corpus())
-    device = pick_device("auto")
-    T = preset(preset_name).block_size
-    model = GPT(preset(preset_name, vocab_size=data.tokenizer.vocab_size), seed=seed).to(device)
-    wrapped = wrap(kind, model, device, replicas)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
-    losses, seconds, trace = [], [], []
-    with intra_op_threads(threads):
-        for step in range(steps):
-            trace.clear()
-            if isinstance(wrapped, ScratchDataParallel):
-                wrapped.trace = trace
-            synchronize(device)
-            start = time.perf_counter()
-            x, y = data.batch("train", step, global_batch, T, seed, 0, 1, device)
-            _, loss = wrapped(x, y)
-            loss = loss.mean()  # one loss per replica from DataParallel; a no-op on a scalar
-            with _timed(trace, "main", "backward"):
-                loss.backward()
-            with _timed(trace, "main", "optimizer"):
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-            synchronize(device)
-            seconds.append(time.perf_counter() - start)
-    timed = seconds[2:] or seconds  # the first two steps warm up allocators and caches
-    spans = [Span(s.lane, s.phase, s.start - start, s.end - start) for s in trace]
-    return {
-        "kind": kind,
-        "threads": threads or torch.get_num_threads(),
-        "losses": losses,
-        "step_s": seconds,
-        "tokens_per_s": global_batch * T * len(timed) / sum(timed),
-        "spans": spans,
-    }
+    """``experiment.train`` plus the last step's phases as ``Span``s, in seconds from its start:
+    the wrapper's own (scatter, replicate, threads, gather; each replica's forward) and the
+    harness's backward and optimizer."""
+    trace: list[Span] = []
+    result = train(
+        strategy, preset_name, steps, global_batch, seed, options=WrapOptions(replicas=replicas, trace=trace)
+    )
+    last = result.pop("last_step")
+    spans = [*trace, *(Span("main", phase, *last[phase]) for phase in ("backward", "optimizer"))]
+    return {**result, "spans": [Span(s.lane, s.phase, s.start - last["start"], s.end - last["start"]) for s in spans]}
 
 
 def backward_threads(preset_name: str = "tiny", global_batch: int = 8, replicas: int = 2) -> dict[int, set[str]]:
     """The names of the threads that run each replica's backward (on this process's device)."""
-    data = TokenData(load_corpus())
     device = pick_device("auto")
-    model = GPT(preset(preset_name, vocab_size=data.tokenizer.vocab_size)).to(device)
-    x, y = data.batch("train", 0, global_batch, preset(preset_name).block_size, 0, 0, 1, device)
+    model = gpt(preset_name).to(device)
+    x, y = token_data().batch("train", 0, global_batch, preset(preset_name).block_size, 0, 0, 1, device)
     devices = replica_devices(device, replicas)
     chunks = scatter((x, y), devices)
     copies = replicate(model, devices)

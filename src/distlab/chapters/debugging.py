@@ -1,29 +1,18 @@
-"""Failures of distributed training reproduced on purpose, and the small tools that find them.
+"""Failures of distributed training reproduced on purpose: the experiments of the debugging page.
 
-The debugging chapter runs every ``*_demo`` function here on 2 gloo ranks with a process-group
-timeout of a few seconds, so each failure ends quickly instead of hanging:
-
-    outcome = observe(dying_rank_demo, pg_timeout=2)
-    outcome.notes[0]["error"], outcome.notes[0]["waited_s"]   # what rank 0 saw, and when
-
-The demos catch the errors they provoke and return what they saw; since a killed rank returns
-nothing, they also ``note`` it into a folder that ``observe`` makes and reads back. The tools
-that find the causes (``Lockstep``, ``check_replicas``, ``analyse_flight_recorder``) are in
-``distlab.tools.debug``.
+The page runs each ``*_demo`` here on 2 gloo ranks with a process-group timeout of a few
+seconds, through ``distlab.infra.observe`` (``observe(dying_rank_demo, pg_timeout=2)``), so each
+failure ends quickly instead of hanging. The tools that find the causes (``Lockstep``,
+``check_replicas``, the flight recorder's dump and analyser) are in ``distlab.tools.debug``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
-import json
 import os
-import pickle
 import signal
-import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -31,128 +20,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from distlab.infra.launch import LaunchTimeout, RankFailed, run_ranks
+from distlab.infra.observe import caught, note, stuck
 from distlab.runtime import init_distributed
-from distlab.tools.debug import Lockstep, check_replicas
-
-
-# ---------------------------------------------------------------- what the ranks saw
-def note(report: str, **fields) -> None:
-    """Add ``fields`` to this rank's notes (``<report>/rank<r>.json``)."""
-    path = Path(report, f"rank{dist.get_rank()}.json")
-    notes = json.loads(path.read_text()) if path.exists() else {}
-    partial = path.with_suffix(".tmp")
-    partial.write_text(json.dumps({**notes, **fields}))
-    partial.replace(path)  # atomic: a reader (wait_for_pids) never sees half a file
-
-
-@dataclass
-class Caught:
-    """What ``caught`` saw: the error (None if there was none) and how long the block ran."""
-
-    error: str | None = None
-    waited_s: float = 0.0
-
-
-@contextlib.contextmanager
-def caught(report: str):
-    """Run the block; if it raises, note the error and how long the rank waited, and go on.
-
-    The demos catch their own failures and return, instead of letting the launch fail: a
-    rank that returns while its peer fails can keep the launcher waiting, and a failed
-    launch costs seconds more (the launcher's error log imports torch._dynamo).
-    """
-    box, start = Caught(), time.perf_counter()
-    try:
-        yield box
-    except Exception as err:
-        box.error, box.waited_s = f"{type(err).__name__}: {err}", time.perf_counter() - start
-        note(report, error=box.error, waited_s=box.waited_s)
-
-
-def stuck(seconds: float) -> None:
-    """Stand in for a rank that is busy or blocked (a slow disk, a lock, a stuck loader).
-
-    Sleeps in short slices: Python runs a signal handler only between bytecodes of the main
-    thread, so a long ``time.sleep`` can ignore the launcher's SIGTERM when the kernel hands
-    the signal to one of gloo's threads; then the launcher waits 30 s before SIGKILL.
-    """
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        time.sleep(0.05)
-
-
-@dataclass
-class Outcome:
-    """One launch: its wall time, how it ended, and every rank's notes."""
-
-    wall_s: float
-    failure: str | None  # the launcher's one-line summary, or None if every rank finished
-    failed_rank: int | None
-    results: list | None
-    notes: dict[int, dict] = field(default_factory=dict)
-
-
-def observe(
-    fn,
-    *args,
-    pg_timeout: float = 2.0,
-    timeout: float = 60,
-    nprocs: int = 2,
-    init_group: bool = True,
-    while_running=None,
-    folder: str | None = None,
-) -> Outcome:
-    """Run ``fn(report, *args)`` on ``nprocs`` ranks; never raises for a failed rank.
-
-    ``report`` is a fresh temporary folder, or ``folder`` (kept afterwards) if given.
-    ``while_running(report)``, if given, is called in this process while the ranks run (the
-    chapter uses it to signal a hung rank and to run py-spy on it); what it returns is in
-    the outcome's notes under -1.
-    """
-    with contextlib.ExitStack() as stack:
-        report = folder or stack.enter_context(tempfile.TemporaryDirectory(prefix="distlab-debug-"))
-        looked, failure, failed_rank, results = {}, None, None, None
-        start = time.perf_counter()
-        worker = None
-        if while_running is not None:
-            worker = threading.Thread(target=lambda: looked.update(seen=while_running(report)))
-            worker.start()
-        try:
-            results = run_ranks(
-                fn,
-                nprocs=nprocs,
-                args=(report, *args),
-                timeout=timeout,
-                pg_timeout=pg_timeout,
-                init_group=init_group,
-                quiet=True,
-            )
-        except RankFailed as err:
-            failure, failed_rank = err.summary, err.rank
-        except LaunchTimeout as err:
-            failure = str(err)
-        wall = time.perf_counter() - start
-        if worker is not None:
-            worker.join(timeout)
-        notes = {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(report).glob("rank*.json")}
-        if looked:
-            notes[-1] = looked["seen"]
-        return Outcome(wall, failure, failed_rank, results, notes)
-
-
-def wait_for_pids(report: str, nprocs: int = 2, timeout: float = 30) -> list[int]:
-    """The process ids that the ranks noted (``note(report, pid=...)``), once all have."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        pids = {}
-        for path in Path(report).glob("rank*.json"):
-            with contextlib.suppress(ValueError):  # a file being written: read it next time
-                pids[int(path.stem[4:])] = json.loads(path.read_text()).get("pid")
-        if len(pids) == nprocs and all(pids.values()):
-            return [pids[r] for r in range(nprocs)]
-        time.sleep(0.05)
-    raise TimeoutError(f"the ranks did not note their pids within {timeout} s")
+from distlab.tools.debug import Lockstep, check_replicas, dump_flight_recorder, flight_recorder_entries
 
 
 # ---------------------------------------------------------------- a rank that dies
@@ -346,17 +216,6 @@ def hung_job_demo(report: str, watchdog_s: float, stuck_s: float) -> dict:
 
 
 # ---------------------------------------------------------------- flight recorder
-# --- begin recorder ---
-def dump_flight_recorder(report: str) -> None:
-    """Write this rank's flight-recorder buffer where torch's analyser expects it."""
-    # torch 2.13's gloo backend records collectives (with TORCH_FR_BUFFER_SIZE > 0) but
-    # writes no file on a timeout, as NCCL does; this private call returns the same pickle.
-    # Without the Python stacks of the calls: turning them into text imports torch._dynamo
-    # on first use, about 3 s on a small CPU
-    trace = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)
-    Path(report, f"trace_{dist.get_rank()}").write_bytes(trace)
-
-
 def recorded_job_demo(report: str, stuck_s: float, steps: int = 3) -> dict:
     """``steps`` good all-reduces; then rank 0 starts another that rank 1 never joins."""
     for _ in range(steps):
@@ -371,19 +230,66 @@ def recorded_job_demo(report: str, stuck_s: float, steps: int = 3) -> dict:
     return {"error": failed.error, "waited_s": failed.waited_s}
 
 
-# --- end recorder ---
-
-
 def nccl_recorder_demo(report: str) -> list:
     """One GPU rank: a few NCCL all-reduces with the flight recorder on; its entries back."""
     for size in (4, 1024, 4):
         dist.all_reduce(torch.ones(size, device="cuda"))
     torch.cuda.synchronize()
-    c10d = torch._C._distributed_c10d
-    # NCCL records into a recorder of its own, not the one _dump_fr_trace reads (gloo's)
-    dump = getattr(c10d, "_dump_nccl_trace", None) or c10d._dump_fr_trace
-    trace = pickle.loads(dump(includeStackTraces=False))
-    return [
-        (e["collective_seq_id"], e["profiling_name"], e["input_sizes"], e["state"], e.get("duration_ms"))
-        for e in trace["entries"]
-    ]
+    return flight_recorder_entries()
+
+
+# ---------------------------------------------------------------- a job that never exits
+def exit_demo(report: str, free_model_first: bool, peer_delay_s: float = 2.0) -> dict:
+    """Rank 0 destroys its group while a gloo worker still owns a Python tensor.
+
+    ``dist.destroy_process_group()`` forgets the group, but a DDP model still holds it (through
+    its C++ reducer), so the group is really destroyed later, when the model is freed. Freed
+    from there, torch 2.13 destroys a gloo group while holding Python's GIL; the destructor
+    waits for gloo's worker threads, and a worker that is releasing the last reference to a
+    tensor made in Python needs the GIL to do so: a deadlock. Destroyed from Python
+    (``destroy_process_group`` dropping the last reference), the GIL is released while it waits.
+
+    Rank 1 joins the all-reduce ``peer_delay_s`` late, so rank 0 is certainly destroying its
+    group while the worker still has the tensor. In a real run it is a race that a loaded
+    machine loses now and then: before the labs freed their model first, 8 of 133 short lab 2
+    launches (two at a time on 2 cores) were caught in it.
+    Returns how long the teardown took and whether Python threads ran meanwhile.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP  # imports torch._dynamo: seconds
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    note(report, pid=os.getpid())  # so that the chapter can point py-spy at a hung rank
+    model = DDP(nn.Linear(4, 4))  # its reducer holds a reference to the group
+    if rank == 1:
+        stuck(peer_delay_s)
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    if rank == 1:
+        work.wait()
+        del model
+        dist.destroy_process_group()
+        return {}
+    del work  # from here on only gloo's worker thread holds the tensor
+
+    ticks = 0  # a Python thread that counts while the GIL is free
+    done = threading.Event()
+
+    def count() -> None:
+        nonlocal ticks
+        while not done.wait(0.01):
+            ticks += 1
+
+    threading.Thread(target=count, daemon=True).start()
+
+    start = time.perf_counter()
+    # --- begin exit order ---
+    if free_model_first:
+        del model  # the reducer lets go; the group is still registered, so nothing is destroyed yet
+        dist.destroy_process_group()  # the last reference, dropped from Python: GIL released
+    else:
+        dist.destroy_process_group()  # the tutorial order: the group lives on in the reducer ...
+        del model  # ... and is destroyed here, GIL held: hangs
+    # --- end exit order ---
+    seconds = time.perf_counter() - start
+    done.set()
+    return {"teardown_s": seconds, "python_ticks_during_teardown": ticks}

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
+
 # where in a save rank 0 waits; Checkpoints.save runs dcp.save, then writes train_state.json and renames
 STALLS = {
     # DCP's coordinator (rank 0) writes .metadata after every rank has written its shard file
@@ -80,20 +82,16 @@ def kill_when_stalled(
 
 
 def torchrun_workers(agent_pid: int) -> dict[int, int]:
-    """{global rank: pid} of the workers a torchrun agent (process ``agent_pid``) started,
-    read from /proc (Linux): the agent's children, each with RANK in its environment."""
+    """{global rank: pid} of the workers a torchrun agent (process ``agent_pid``) started:
+    the agent's children, each with RANK in its environment (psutil: Linux and macOS)."""
     workers = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for child in psutil.Process(agent_pid).children():
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(command name)"
-            if int(fields[1]) != agent_pid:  # fields[1] is the parent's pid
-                continue
-            env = (stat.parent / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):  # the process ended while we looked
+            rank = child.environ().get("RANK")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # it ended while we looked
             continue
-        for var in env:
-            if var.startswith(b"RANK="):
-                workers[int(var[5:])] = int(stat.parent.name)
+        if rank is not None:
+            workers[int(rank)] = child.pid
     return workers
 
 
@@ -160,7 +158,7 @@ def torchrun_killing_a_rank(
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        prog="fault_injection.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="fault_tolerance.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--stall", required=True, choices=sorted(STALLS), help="where rank 0 waits")
     parser.add_argument("--save", type=int, required=True, help="in which save (1: the first)")
@@ -171,6 +169,10 @@ def main() -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         stall_on(opts.save, opts.stall, opts.marker)
     sys.argv = [opts.script, *opts.args]
+    # run as a script, this file's folder came first on sys.path, where chapters/accelerate.py
+    # would shadow the accelerate package: the lab's folder takes its place, as `python lab.py` has it
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
     sys.path.insert(0, str(Path(opts.script).resolve().parent))
     runpy.run_path(opts.script, run_name="__main__")
 

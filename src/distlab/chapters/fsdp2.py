@@ -6,63 +6,29 @@ and returns plain Python data for the FSDP2 chapter and ``distlab.bench.fsdp``:
     run_ranks(shard_table, nprocs=2)                  # each parameter's global and local shape
     run_ranks(step_trace, nprocs=2, args=("tiny",))   # FSDP2's own profiler ranges, one step
     run_ranks(train, nprocs=2, args=("fsdp2",))       # losses, bytes per rank, tokens/s
+
+Strategies (``STRATEGIES``, names from ``distlab.infra.experiment``): ``single``, ``ddp``,
+``fsdp2``, ``fsdp2-no-reshard``, ``fsdp2-bf16`` and ``hsdp``.
 """
 
 from __future__ import annotations
 
-import functools
-import time
+import contextlib
 
 import torch
-import torch.distributed as dist
 
-from distlab.data import TokenData, load_corpus
-from distlab.memory import state_bytes
+from distlab.infra import experiment
+from distlab.infra.experiment import build, gpt
 from distlab.model import GPT, preset
-from distlab.parallel import apply_ddp, apply_fsdp
-from distlab.runtime import DTYPES, dist_env, pick_device, synchronize
+from distlab.parallel import apply_fsdp
+from distlab.runtime import dist_env, pick_device
 
 STRATEGIES = ("single", "ddp", "fsdp2", "fsdp2-no-reshard", "fsdp2-bf16", "hsdp")
 
 
-@functools.cache
-def _data() -> TokenData:
-    return TokenData(load_corpus())  # once per process: every function here builds models from it
-
-
-def _model(preset_name: str, seed: int = 1337) -> GPT:
-    return GPT(preset(preset_name, vocab_size=_data().tokenizer.vocab_size), seed=seed)
-
-
-def _device() -> torch.device:
-    return pick_device("auto", dist_env()[1])
-
-
-def wrap(strategy: str, model: GPT, device: torch.device):
-    """``model`` (on ``device``) under one of ``STRATEGIES``."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    if strategy == "single":
-        return model
-    if strategy == "ddp":
-        return apply_ddp(model, device)
-    if strategy == "hsdp":  # shard inside groups of 2 ranks, replicate across the groups
-        from torch.distributed.device_mesh import init_device_mesh
-
-        n = dist.get_world_size()
-        mesh = init_device_mesh(device.type, (n // 2, 2), mesh_dim_names=("replicate", "shard"))
-        return apply_fsdp(model, mesh=mesh)
-    return apply_fsdp(
-        model,
-        reshard_after_forward=strategy != "fsdp2-no-reshard",
-        param_dtype=DTYPES["bf16"] if strategy == "fsdp2-bf16" else None,
-    )
-
-
 def shard_table(preset_name: str = "tiny", strategy: str = "fsdp2") -> list[dict]:
     """For each parameter: its name, global shape, this rank's local shape and placements."""
-    device = _device()
-    model = wrap(strategy, _model(preset_name).to(device), device)
+    model = build(strategy, preset_name).model
     return [
         {"name": name, "global": tuple(p.shape), "local": tuple(p.to_local().shape), "placements": str(p.placements)}
         for name, p in model.named_parameters()
@@ -78,56 +44,23 @@ def train(
     lr: float = 1e-3,
     track_peak: bool = False,
 ) -> dict:
-    """``steps`` AdamW steps under ``strategy``: global mean losses, step times, bytes per rank.
+    """``experiment.train``: global mean losses, step times, ``state_bytes`` per rank (counted
+    from the tensors after the first step); and ``peak``: with ``track_peak``, the peak
+    bytes PyTorch's memory tracker saw during the last step, by kind (else None)."""
+    peak: dict[str, int] = {}
 
-    ``state``: bytes of parameters, gradients and AdamW state this rank holds, counted from
-    the tensors after the first step (AdamW allocates its state lazily). ``peak``: with
-    ``track_peak``, the peak bytes PyTorch's memory tracker saw during the last step, by kind.
-    """
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    device = _device()
-    data = _data()
-    model = wrap(strategy, _model(preset_name, seed).to(device), device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
-    T = preset(preset_name).block_size
-    losses, seconds, state, peak = [], [], None, None
+    def track_the_last_step(exp, step):
+        if track_peak and step == steps - 1:
+            return _peak_bytes(exp.model, exp.optimizer, strategy, peak)
+        return contextlib.nullcontext()
 
-    def step(i: int) -> None:
-        x, y = data.batch("train", i, global_batch, T, seed, rank, world, device)
-        _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        nonlocal state
-        if state is None:
-            state = state_bytes(model, optimizer)  # after the first step: gradients and AdamW exist
-        optimizer.zero_grad(set_to_none=True)
-        total = loss.detach().float().clone()
-        if world > 1:
-            dist.all_reduce(total)  # SUM: gloo has no AVG for every op
-        losses.append(total.item() / world)
-
-    for i in range(steps):
-        synchronize(device)
-        start = time.perf_counter()
-        if track_peak and i == steps - 1:
-            peak = _tracked(lambda i=i: step(i), model, optimizer, strategy)
-        else:
-            step(i)
-        seconds.append(time.perf_counter() - start)
-    timed = seconds[2:] or seconds
-    return {
-        "strategy": strategy,
-        "world_size": world,
-        "losses": losses,
-        "step_s": seconds,
-        "tokens_per_s": global_batch * T * len(timed) / sum(timed),
-        "state": state,
-        "peak": peak,
-    }
+    result = experiment.train(strategy, preset_name, steps, global_batch, seed, lr, around_step=track_the_last_step)
+    return {**result, "peak": peak or None}
 
 
-def _tracked(run_step, model, optimizer, strategy: str) -> dict:
-    """Peak bytes by kind during one step, from PyTorch's (private, CPU-capable) memory trackers."""
+@contextlib.contextmanager
+def _peak_bytes(model, optimizer, strategy: str, into: dict):
+    """Peak bytes by kind during the block, from PyTorch's (private, CPU-capable) memory trackers."""
     if strategy.startswith("fsdp2") or strategy == "hsdp":
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker as Tracker
     else:
@@ -140,9 +73,9 @@ def _tracked(run_step, model, optimizer, strategy: str) -> dict:
 
     tracker = Tracker(model, optimizer)
     with tracker:
-        run_step()
+        yield
     device = next(iter(tracker.get_tracker_snapshot("peak")))
-    return {str(kind): int(n) for kind, n in tracker.get_tracker_snapshot("peak")[device].items()}
+    into.update({str(kind): int(n) for kind, n in tracker.get_tracker_snapshot("peak")[device].items()})
 
 
 def step_trace(preset_name: str = "tiny", reshard_after_forward: bool = True, global_batch: int = 8) -> dict:
@@ -150,13 +83,10 @@ def step_trace(preset_name: str = "tiny", reshard_after_forward: bool = True, gl
     and how many all-gathers and reduce-scatters gloo ran."""
     from torch.profiler import ProfilerActivity, profile
 
-    device = _device()
-    model = apply_fsdp(_model(preset_name).to(device), reshard_after_forward=reshard_after_forward)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    x, y = _data().batch("train", 0, global_batch, preset(preset_name).block_size, 0, rank, world, device)
-    model(x, y)[1].backward()  # warm-up: the first step also builds FSDP2's lazy state
+    exp = build("fsdp2" if reshard_after_forward else "fsdp2-no-reshard", preset_name, global_batch)
+    exp.backward(exp.loss(0))  # warm-up: the first step also builds FSDP2's lazy state
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        model(x, y)[1].backward()
+        exp.backward(exp.loss(0))
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     t0 = events[0].time_range.start
     spans = [
@@ -174,9 +104,9 @@ def step_trace(preset_name: str = "tiny", reshard_after_forward: bool = True, gl
 
 def unsharded_between_forward_and_backward(preset_name: str = "tiny", reshard_after_forward: bool = True) -> int:
     """Bytes of unsharded (all-gathered) block parameters still alive after the forward pass."""
-    device = _device()
-    model = apply_fsdp(_model(preset_name).to(device), reshard_after_forward=reshard_after_forward)
-    x = torch.zeros(2, preset(preset_name).block_size, dtype=torch.long, device=device)
+    exp = build("fsdp2" if reshard_after_forward else "fsdp2-no-reshard", preset_name)
+    model = exp.model
+    x = torch.zeros(2, preset(preset_name).block_size, dtype=torch.long, device=exp.device)
     _, loss = model(x, x)
     alive = 0
     for block in model.blocks:
@@ -189,8 +119,8 @@ def unsharded_between_forward_and_backward(preset_name: str = "tiny", reshard_af
 
 def mixed_precision_dtypes() -> dict[str, str]:
     """Dtypes under ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``."""
-    device = _device()
-    model = apply_fsdp(_model("tiny").to(device), param_dtype=torch.bfloat16)
+    exp = build("fsdp2-bf16", "tiny")
+    model, device = exp.model, exp.device
     seen = {}
     block = model.blocks[0]
     block.register_forward_pre_hook(
@@ -220,14 +150,14 @@ def meta_init_equals_plain(preset_name: str = "tiny", seed: int = 7) -> float:
     the largest difference from a plainly built model's weights."""
     from torch.distributed.tensor.experimental import implicit_replication
 
-    device = _device()
+    device = pick_device("auto", dist_env()[1])
+    plain = gpt(preset_name, seed).to(device)  # the reference, built and initialised plainly
     with torch.device("meta"):
-        model = _model(preset_name, seed)  # shapes only: nothing is allocated
+        model = GPT(plain.config, seed)  # the same config, shapes only: nothing is allocated
     apply_fsdp(model)
     model.to_empty(device=device)  # allocates this rank's shards, uninitialised
     with implicit_replication():  # a full-size tensor copied into a DTensor keeps this rank's slice
         model.init_weights(seed)
-    plain = _model(preset_name, seed).to(device)
     return max((a.full_tensor() - b).abs().max().item() for a, b in zip(model.parameters(), plain.parameters()))
 
 
@@ -236,18 +166,12 @@ def gradient_check(preset_name: str = "tiny", global_batch: int = 16) -> float:
 
     The pitfall this guards: gradients must be *averaged* over ranks. A sum would be N times
     too large and this difference as large as the gradients themselves."""
-    device = _device()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    data = _data()
-    T = preset(preset_name).block_size
-    plain = _model(preset_name).to(device)
-    x, y = data.batch("train", 0, global_batch, T, 0, 0, 1, device)
-    plain(x, y)[1].backward()
-    model = apply_fsdp(_model(preset_name).to(device))
-    x, y = data.batch("train", 0, global_batch, T, 0, rank, world, device)
-    model(x, y)[1].backward()
+    plain = build("single", preset_name, global_batch)
+    plain.backward(plain.loss(0))  # the whole batch in this process
+    sharded = build("fsdp2", preset_name, global_batch)
+    sharded.backward(sharded.loss(0))  # this rank's rows
     worst = 0.0
-    for p, ref in zip(model.parameters(), plain.parameters()):
+    for p, ref in zip(sharded.model.parameters(), plain.model.parameters()):
         full = p.grad.full_tensor()  # reassemble the shards to compare with the whole gradient
         worst = max(worst, (full - ref.grad).abs().max().item())
     return worst

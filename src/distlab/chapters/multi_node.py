@@ -1,6 +1,6 @@
 """Several torchrun "nodes" on one machine: a multi-node job you can run on a laptop.
 
-    port = free_port()
+    port = free_port()  # distlab.infra.ports
     node = torchrun_command(["src/labs/lab2_ddp.py", "--steps", "5"], nnodes=2,
                             nproc_per_node=1, endpoint=f"127.0.0.1:{port}", run_id="demo")
     a, b = run_nodes([node, node], timeout=120, env={"OMP_NUM_THREADS": "1"})  # as on two machines
@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -35,12 +34,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlab.infra.launch import LaunchTimeout, check_port_free, free_port
+from distlab.infra.launch import LaunchTimeout
 from distlab.infra.paths import REPO_ROOT
+from distlab.infra.ports import check_port_free
+from distlab.infra.processes import kill_tree
 
 __all__ = [
     "Node",
-    "free_port",
     "torchrun_command",
     "run_nodes",
     "shell",
@@ -194,7 +194,7 @@ def run_nodes(
             time.sleep(0.05)
     finally:
         for proc in filter(None, procs):
-            _kill_tree(proc.pid)  # nothing left to kill for a node that exited with its workers
+            kill_tree(proc.pid)  # nothing left to kill for a node that exited with its workers
             proc.wait()
         texts = [None] * len(commands)
         for i, out, err in outs:
@@ -271,55 +271,6 @@ def run_sbatch_emulated(
     return run_nodes(
         [["bash", str(script), *map(str, args)]], timeout=timeout, env=batch_env, port=port if check_port else 0
     )[0]
-
-
-# ---------------------------------------------------------------- cleaning up
-def _children() -> dict[int, list[int]]:
-    """Parent pid -> child pids, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # the name may hold spaces
-        except (OSError, IndexError):
-            continue  # the process has gone
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    return children
-
-
-def _tree(pid: int) -> list[int]:
-    children, tree = _children(), [pid]
-    for p in tree:
-        tree.extend(children.get(p, []))
-    return tree
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGTERM, then SIGKILL, to the process group of every process under ``pid``: torchrun
-    starts each worker in a session of its own, which a kill of its group alone would miss."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        groups = set()
-        for p in _tree(pid):
-            try:
-                groups.add(os.getpgid(p))
-            except ProcessLookupError:
-                pass
-        groups.discard(os.getpgid(0))  # never our own group
-        for group in groups:
-            try:
-                os.killpg(group, sig)
-            except ProcessLookupError:
-                pass
-        if sig == signal.SIGTERM and groups:
-            end = time.monotonic() + 3  # a moment for the launcher to stop its workers itself
-            while time.monotonic() < end and any(_alive(p) for p in _tree(pid)):
-                time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 # ---------------------------------------------------------------- the worker

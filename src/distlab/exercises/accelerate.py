@@ -20,17 +20,18 @@ ROWS_PER_MICRO_BATCH = 2
 def _lab6_step(accelerator, sync_context: Callable | None) -> dict:
     """One optimizer step of lab 6's train step on the tiny GPT, sharded by hand as lab 6 does
     on CPU; ``sync_context`` None is the lab unchanged (a reduce-scatter per micro-batch)."""
+    from distlab.data import token_data
     from distlab.model import GPT, preset
     from distlab.parallel import apply_fsdp
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    cfg = preset("tiny", vocab_size=65)
+    cfg = preset("tiny", vocab_size=token_data().vocab_size)
     model = apply_fsdp(GPT(cfg, seed=1).to(rank_device()))  # move first, then shard
     optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-3))  # the model is not Accelerate's
     rows = MICRO_BATCHES * ROWS_PER_MICRO_BATCH
-    x, y = torch.randint(0, 65, (2, rows * n, cfg.block_size), generator=torch.Generator().manual_seed(0)).to(
-        rank_device()
-    )
+    x, y = torch.randint(
+        0, cfg.vocab_size, (2, rows * n, cfg.block_size), generator=torch.Generator().manual_seed(0)
+    ).to(rank_device())
     mine = slice(rank * rows, (rank + 1) * rows)
     # count the reduce-scatters FSDP2 issues (it calls dist.reduce_scatter_single); the profiler
     # would tell the same, at seconds of overhead per step

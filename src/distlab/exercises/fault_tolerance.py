@@ -12,7 +12,7 @@ from pathlib import Path
 from distlab.chapters.fault_tolerance import kill_when_stalled
 from distlab.checkpoint import latest
 from distlab.exercises._common import on_ranks, passed, require_callable
-from distlab.infra.launch import _script_entry
+from distlab.infra.launcher import script_entry
 from distlab.infra.paths import REPO_ROOT
 
 LAB2 = REPO_ROOT / "src" / "labs" / "lab2_ddp.py"
@@ -41,7 +41,7 @@ def _lab2_rank(stall: Callable, marker: Path, out: Path) -> None:
     """One rank of lab 2, as torchrun would start it; rank 1 first installs the reader's stall."""
     if int(os.environ["RANK"]) == STALLED_RANK:
         stall(STALLED_SAVE, marker)
-    _script_entry(str(LAB2), (*LAB2_ARGS, "--out", str(out)))
+    script_entry(str(LAB2), (*LAB2_ARGS, "--out", str(out)))
 
 
 def _size(path: Path) -> int | None:

@@ -9,8 +9,9 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
+from distlab.data import token_data
 from distlab.exercises._common import on_ranks, passed, rank_device, relative_difference
-from distlab.model import GPT, preset
+from distlab.model import GPT, GPTConfig, preset
 from distlab.scratch import fsdp as fsdp_scratch
 from distlab.scratch.fsdp import FlatShardUnit, shard_model, unit_parameters
 
@@ -30,11 +31,11 @@ def _shard_with(model: torch.nn.Module, unit_class: type):
         return shard_model(model)
 
 
-def _batches(steps: int, n: int, block_size: int) -> torch.Tensor:
+def _batches(steps: int, n: int, cfg: GPTConfig) -> torch.Tensor:
     """(steps, 2, rows, T): x and y of every step. Random tokens: the comparison needs the
     same rows in every run, not Shakespeare."""
     gen = torch.Generator().manual_seed(0)  # drawn on the CPU: the same numbers on any device
-    return torch.randint(0, 65, (steps, 2, ROWS_PER_RANK * n, block_size), generator=gen)
+    return torch.randint(0, cfg.vocab_size, (steps, 2, ROWS_PER_RANK * n, cfg.block_size), generator=gen)
 
 
 def _train(make_optimizer: Callable, unit_class: type | None, steps: int) -> dict:
@@ -42,12 +43,12 @@ def _train(make_optimizer: Callable, unit_class: type | None, steps: int) -> dic
     ``unit_class`` on every rank; None is one process with the whole batch."""
     sharded = unit_class is not None
     rank, n = (dist.get_rank(), dist.get_world_size()) if sharded else (0, 1)
-    cfg = preset("tiny", vocab_size=65)
+    cfg = preset("tiny", vocab_size=token_data().vocab_size)
     model = GPT(cfg, seed=1).to(rank_device())
     fsdp = _shard_with(model, unit_class) if sharded else None
     optimizer = make_optimizer(model.parameters())
     losses, grad_norm = [], None
-    for x, y in _batches(steps, dist.get_world_size(), cfg.block_size).to(rank_device()):
+    for x, y in _batches(steps, dist.get_world_size(), cfg).to(rank_device()):
         mine = slice(rank * len(x) // n, (rank + 1) * len(x) // n)
         loss = model(x[mine], y[mine])[1]
         loss.backward()
@@ -136,8 +137,8 @@ def _bf16_step_on_rank(unit_class: type) -> dict:
     from distlab.parallel import apply_fsdp
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    cfg = preset("tiny", vocab_size=65)
-    x, y = _batches(1, n, cfg.block_size)[0].to(rank_device())
+    cfg = preset("tiny", vocab_size=token_data().vocab_size)
+    x, y = _batches(1, n, cfg)[0].to(rank_device())
     mine = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
     reference = GPT(cfg, seed=1).to(rank_device())
     names = _parameter_names_by_unit(reference)

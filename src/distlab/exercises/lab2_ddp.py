@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from distlab.data import token_data
 from distlab.exercises._common import on_ranks, passed, rank_device, require_callable
 from distlab.model import GPT, preset
 
@@ -19,7 +20,7 @@ def _ddp_state_dicts() -> dict:
     """What lab 2 would save with ``model.state_dict()`` (the wrapper) and ``model.module.state_dict()``."""
     from distlab.parallel import apply_ddp
 
-    model = GPT(preset("tiny", vocab_size=65), seed=1).to(rank_device())
+    model = GPT(preset("tiny", vocab_size=token_data().vocab_size), seed=1).to(rank_device())
     ddp = apply_ddp(model, rank_device())
     return {"wrapper": _cpu_copy(ddp.state_dict()), "inner": _cpu_copy(ddp.module.state_dict())}
 
@@ -30,7 +31,8 @@ def check_loads_ddp_state(load: Callable) -> None:
     require_callable(load, "load", "def load(model, state): ...")
     saved = on_ranks(_ddp_state_dicts, 1, "saving a DDP model")[0]  # a real DDP wrapper, on one rank
     first_key = next(iter(saved["wrapper"]))
-    model = GPT(preset("tiny", vocab_size=65), seed=2)  # other weights: a load that skips a key shows
+    # other weights than the saved ones: a load that skips a key shows
+    model = GPT(preset("tiny", vocab_size=token_data().vocab_size), seed=2)
     try:
         load(model, copy.deepcopy(saved["wrapper"]))
     except Exception as error:

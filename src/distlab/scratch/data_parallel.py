@@ -170,3 +170,15 @@ class ScratchDataParallel(nn.Module):
             outputs = self.apply(replicas, chunks)
         with _timed(self.trace, "main", "gather"):
             return gather(outputs, self.devices[0])
+
+
+class SequentialDataParallel(ScratchDataParallel):
+    """``ScratchDataParallel`` with the replicas run one after the other in the caller's
+    thread: what is left of a step when the threads overlap nothing."""
+
+    def apply(self, replicas: list[nn.Module], chunks: list[tuple]) -> list:
+        outputs = []
+        for i, (replica, chunk) in enumerate(zip(replicas, chunks)):
+            with _timed(self.trace, "main", f"forward {i}"):
+                outputs.append(replica(*chunk))
+        return outputs

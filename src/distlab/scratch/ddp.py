@@ -146,6 +146,3 @@ class BucketedDDP(_DataParallelBase):
 
 
 # --- end buckets ---
-
-
-WRAPPERS = {"naive": NaiveDDP, "hooks": HookDDP, "bucketed": BucketedDDP}

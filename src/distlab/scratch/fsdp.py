@@ -16,7 +16,6 @@ slice as an ``nn.Parameter``. The full flat tensor exists only while the unit co
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from dataclasses import dataclass
@@ -198,63 +197,3 @@ def shard_model(
 ) -> ScratchFSDP:
     """Shard ``model`` in place (call on every rank of ``group``, all holding the same weights)."""
     return ScratchFSDP(model, reshard_after_forward, trace, group)
-
-
-# --- begin compare ---
-@functools.lru_cache(maxsize=1)
-def _token_data():
-    from distlab.data import TokenData, load_corpus
-
-    return TokenData(load_corpus())  # encoding the corpus is slow: once per process
-
-
-def train(
-    kind: str,
-    steps: int = 10,
-    global_batch: int = 16,
-    seed: int = 1337,
-    lr: float = 1e-3,
-    reshard_after_forward: bool = True,
-    trace: list[Event] | None = None,
-) -> dict:
-    """Train the tiny GPT on this rank's rows of each global batch, with fused AdamW.
-
-    ``kind``: ``scratch`` (this file), ``fsdp2`` (torch's ``fully_shard``, through
-    ``apply_fsdp``) or ``single`` (one process, whole batch, no wrapper). Returns the global
-    mean loss of every step and this rank's state bytes right after the first step;
-    ``trace`` keeps the last step's events.
-    """
-    from distlab.memory import state_bytes
-    from distlab.model import GPT, preset
-    from distlab.parallel import apply_fsdp
-    from distlab.runtime import dist_env, pick_device
-
-    rank, n = (0, 1) if kind == "single" else (dist.get_rank(), dist.get_world_size())
-    device = pick_device("auto", dist_env()[1])
-    data = _token_data()
-    cfg = preset("tiny", vocab_size=data.tokenizer.vocab_size)
-    model = GPT(cfg, seed=seed).to(device)
-    if kind == "scratch":
-        shard_model(model, reshard_after_forward, trace)
-    elif kind == "fsdp2":
-        apply_fsdp(model, reshard_after_forward=reshard_after_forward)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
-    losses = []
-    for step in range(steps):
-        if trace is not None:
-            trace.clear()
-        x, y = data.batch("train", step, global_batch, cfg.block_size, seed, rank, n, device)
-        loss = model(x, y)[1]
-        loss.backward()
-        optimizer.step()
-        if step == 0:
-            first_step_bytes = state_bytes(model, optimizer)
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss.detach().clone()
-        if n > 1:
-            dist.all_reduce(loss)  # SUM of the ranks' means: divide for the global mean
-        losses.append(loss.item() / n)
-    return {"kind": kind, "world_size": n, "losses": losses, "state_bytes": first_step_bytes}
-
-
-# --- end compare ---

@@ -1,1 +1,4 @@
-"""tools"""
+"""What a reader keeps using after the book: ``debug`` (Lockstep, check_replicas, the
+flight-recorder analyser), ``runs`` (the run-log CLI, ``python -m distlab.tools.runs``) and the
+memory calculator (``memory_calculator``, ``calculator_page``). May import the training library
+and ``infra``."""

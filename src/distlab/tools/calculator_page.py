@@ -5,14 +5,16 @@
     print(format_estimate(estimate("paper_7.5b", 64, "bf16_mixed", strategy="zero1")))
 
 Presentation only: every number comes from ``distlab.tools.memory_calculator``. The HTML form
-embeds ``calculator_data()`` as JSON and its inline script multiplies those coefficients;
-the widget calls ``estimate()`` directly, and ``format_estimate`` prints what it returns.
+embeds ``calculator_data()`` as JSON, and its script (``book/_assets/memory-calculator.js``,
+inlined) multiplies those coefficients; the widget calls ``estimate()`` directly, and
+``format_estimate`` prints what it returns.
 """
 
 from __future__ import annotations
 
 import json
 
+from distlab.infra.paths import REPO_ROOT
 from distlab.tools.memory_calculator import DTYPES, GB, MODELS, OPTIMIZERS, PARTS, STRATEGIES, calculator_data, estimate
 
 
@@ -25,77 +27,9 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-# The browser half of the calculator. Its only arithmetic is in perRankBytes: the coefficients
-# from calculator_data() times the inputs, divided by N (or g) for a sharded part.
-_SCRIPT = """
-(function () {
-  const root = document.getElementById("%(uid)s");
-  const data = JSON.parse(document.getElementById("%(uid)s-data").textContent);
-  // --- begin formula ---
-  function perRankBytes(data, inp) {
-    const model = data.models[inp.model];
-    const P = model ? model.params : inp.customParams;
-    const s = data.strategies[inp.strategy];
-    const coef = data.bytes_per_param[inp.dtype][inp.optimizer];
-    const d = s.divisor === "group" ? inp.group : inp.ranks;
-    const out = {};
-    for (const part of data.parts) out[part] = coef[part] * P / (s.sharded[part] ? d : 1);
-    out.total = out.params + out.grads + out.optimizer;
-    out.activations = null;
-    if (model && model.activations) {
-      const a = model.activations[inp.ac ? "on" : "off"];
-      out.activations = a.per_token * inp.batch * inp.seq + a.per_position * inp.seq + a.constant;
-      out.total = out.total + out.activations;
-    }
-    return out;
-  }
-  // --- end formula ---
-  const whole = (x, lo, hi) => Number.isInteger(x) && x >= lo && x <= hi;
-  function problem(inp) {
-    if (!whole(inp.ranks, 1, 1024)) return "ranks N must be a whole number from 1 to 1024";
-    const hybrid = data.strategies[inp.strategy].divisor === "group";
-    if (hybrid && !(whole(inp.group, 1, inp.ranks) && inp.ranks %% inp.group === 0))
-      return "hybrid sharding needs a group size g that divides N";
-    const model = data.models[inp.model];
-    if (!model && !(inp.customParams > 0)) return "the number of parameters must be positive";
-    if (model && model.activations && !(whole(inp.batch, 1, 1e6) && whole(inp.seq, 1, model.block_size)))
-      return "micro-batch must be >= 1 and sequence length from 1 to " + model.block_size;
-    return "";
-  }
-  function fmt(n) {
-    for (const [unit, size] of [["GB", 1e9], ["MB", 1e6], ["kB", 1e3]])
-      if (n >= size) return (n / size).toFixed(n / size >= 100 ? 0 : n / size >= 10 ? 1 : 2) + " " + unit;
-    return n.toFixed(0) + " B";
-  }
-  const colors = {params: "#3b6ea5", grads: "#6c9bd2", optimizer: "#a9c6ea", activations: "#e39b4c"};
-  function render() {
-    const f = root.querySelector("form").elements;
-    const num = (name) => Number(f[name].value);
-    const inp = {model: f.model.value, customParams: num("custom") * 1e9, ranks: num("ranks"),
-                 group: num("group"), dtype: f.dtype.value, optimizer: f.optimizer.value,
-                 strategy: f.strategy.value, ac: f.ac.checked, batch: num("batch"), seq: num("seq")};
-    const out = root.querySelector(".out"), err = problem(inp);
-    if (err) { out.textContent = err; return; }
-    const r = perRankBytes(data, inp);
-    const parts = [...data.parts, "activations"];
-    const cell = "<td style='text-align:right'>";
-    let rows = "", bar = "", legend = "";
-    for (const p of parts) {
-      const label = p === "activations" ? "activations (fp32, peak)" : p;
-      const shown = r[p] === null ? "n/a (no architecture)" : fmt(r[p]);
-      rows += "<tr><td>" + label + "</td>" + cell + shown + "</td></tr>";
-      const width = 100 * r[p] / r.total;
-      if (r[p]) bar += "<div title='" + p + "' style='background:" + colors[p] + ";width:" + width + "%%'></div>";
-      legend += "<span style='color:" + colors[p] + "'>&#9632;</span> " + p + " &nbsp; ";
-    }
-    rows += "<tr><td><b>total per rank</b></td>" + cell + "<b>" + fmt(r.total) + "</b></td></tr>";
-    const box = "<div style='display:flex;height:22px;width:100%%;border:1px solid #888'>";
-    out.innerHTML = "<table>" + rows + "</table>" + box + bar + "</div>" + legend;
-  }
-  root.querySelector("form").addEventListener("input", render);
-  render();
-})();
-"""
+# The browser half of the calculator: a real .js file, inlined into the form (the page's HTML is
+# a notebook output, which ships whole; nothing is fetched). Its only arithmetic is in perRankBytes.
+CALCULATOR_JS = REPO_ROOT / "book" / "_assets" / "memory-calculator.js"
 
 
 def calculator_html(uid: str = "distlab-memcalc") -> str:
@@ -109,6 +43,9 @@ def calculator_html(uid: str = "distlab-memcalc") -> str:
     field = 'style="display:flex;justify-content:space-between;gap:8px"'
     # nothing in the data may close the script tag
     payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    script = CALCULATOR_JS.read_text()
+    if "</script" in script.lower():  # would end the inline script early
+        raise ValueError(f"{CALCULATOR_JS} contains '</script': the form inlines it in a <script> element")
     return f"""<div id="{uid}" style="font-family:sans-serif;font-size:14px;max-width:640px">
 <script type="application/json" id="{uid}-data">{payload}</script>
 <form onsubmit="return false" style="display:grid;grid-template-columns:1fr 1fr;gap:4px 16px">
@@ -125,7 +62,7 @@ def calculator_html(uid: str = "distlab-memcalc") -> str:
 <label {field}>sequence length <input name="seq" type="number" value="64" min="1" step="1"></label>
 </form>
 <div class="out" style="margin-top:8px"></div>
-<script>{_SCRIPT % {"uid": uid}}</script>
+<script>{script}distlabMemoryCalculator({json.dumps(uid)});</script>
 </div>"""
 
 

@@ -3,6 +3,7 @@
     checked = Lockstep().wrap(dist.all_reduce)  # compares every rank's next collective first
     checked(loss)                                # raises CollectiveMismatch naming each call
     check_replicas(model)                        # raises if data-parallel replicas differ
+    dump_flight_recorder(folder)                 # this rank's recorder buffer, for the analyser
     analyse_flight_recorder(folder)              # torch's analyser on the ranks' recorder dumps
 
 They are debug aids: each costs a collective of its own, so switch them on to hunt a bug.
@@ -105,6 +106,30 @@ def check_replicas(model: nn.Module, group=None) -> None:
 
 
 # --- end replicas ---
+
+
+# ---------------------------------------------------------------- the flight recorder
+def dump_flight_recorder(folder: str) -> None:
+    """Write this rank's flight-recorder buffer where torch's analyser expects it (``trace_<rank>``)."""
+    # torch 2.13's gloo backend records collectives (with TORCH_FR_BUFFER_SIZE > 0) but
+    # writes no file on a timeout, as NCCL does; this private call returns the same pickle.
+    # Without the Python stacks of the calls: turning them into text imports torch._dynamo
+    # on first use, about 3 s on a small CPU
+    trace = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)
+    Path(folder, f"trace_{dist.get_rank()}").write_bytes(trace)
+
+
+def flight_recorder_entries() -> list[tuple]:
+    """This process's recorded collectives, oldest first: (sequence number, operation, input
+    sizes, state, duration in ms or None), from NCCL's recorder where torch has one."""
+    c10d = torch._C._distributed_c10d
+    # NCCL records into a recorder of its own, not the one _dump_fr_trace reads (gloo's)
+    dump = getattr(c10d, "_dump_nccl_trace", None) or c10d._dump_fr_trace
+    trace = pickle.loads(dump(includeStackTraces=False))
+    return [
+        (e["collective_seq_id"], e["profiling_name"], e["input_sizes"], e["state"], e.get("duration_ms"))
+        for e in trace["entries"]
+    ]
 
 
 def analyse_flight_recorder(folder: str, prefix: str = "trace_") -> str:

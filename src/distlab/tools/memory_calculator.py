@@ -2,22 +2,21 @@
 
     per_rank_bytes(7.5e9, ranks=64, dtype="bf16_mixed", strategy="zero1")  # the ZeRO paper's 31.4 GB
     estimate("shakespeare", ranks=4, strategy="zero3", micro_batch=16, seq_len=256)
-    run_ranks(measure_one_step, nprocs=2)  # bytes real DDP / FSDP2 ranks hold, to compare
+    exact_adamw_state_bytes(shapes, ranks=4, rank=3, fsdp2=True)  # to the byte, from the shapes
 
 Model state is counted as the ZeRO paper counts it (Rajbhandari et al., arXiv 1910.02054,
 Section 5): a number of bytes per parameter for each part (parameters, gradients, optimizer
 state), divided by the number of ranks that share the part when the strategy shards it.
 Activations are not sharded by data parallelism: each rank keeps those of its own
 micro-batch. This module is the one source of truth: the page in ``distlab.tools.calculator_page``
-(HTML form and ipywidgets) only multiplies the coefficients ``calculator_data()`` exports.
+(HTML form and ipywidgets) only multiplies the coefficients ``calculator_data()`` exports. The
+bytes measured on real DDP and FSDP2 ranks, to check these formulas against, are an experiment
+of the ZeRO memory chapter: ``distlab.chapters.zero_memory.measure_one_step``.
 """
 
 from __future__ import annotations
 
 import math
-
-import torch
-import torch.nn as nn
 
 from distlab.memory import activation_bytes_formula
 from distlab.model import GPTConfig, parameter_formula, preset
@@ -216,7 +215,6 @@ def estimate(
     return out
 
 
-# --- begin exact ---
 def fsdp2_local_rows(rows: int, ranks: int, rank: int) -> int:
     """Rows of a dim-0-sharded tensor on ``rank``: chunks of ceil(rows/N); the last ranks
     may hold fewer, or none."""
@@ -244,59 +242,6 @@ def exact_adamw_state_bytes(
     out = {"params": weights, "grads": weights, "optimizer": 2 * 4 * local + 4 * len(shapes)}
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return out
-
-
-def allocated_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Like ``state_bytes``, but the bytes of the storages behind the tensors, each counted once."""
-
-    def storage_bytes(tensors) -> int:
-        local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
-        return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in local}.values())
-
-    params = list(model.parameters())
-    out = {
-        "params": storage_bytes(params),
-        "grads": storage_bytes(p.grad for p in params if p.grad is not None),
-        "optimizer": storage_bytes(
-            v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
-        ),
-    }
-    out["total"] = out["params"] + out["grads"] + out["optimizer"]
-    return out
-
-
-def measure_one_step(preset_name: str = "tiny", global_batch: int = 8, seed: int = 0) -> dict:
-    """Run on every rank (``run_ranks``): one fused-AdamW step under DDP, then FSDP2, then FSDP2
-    with bf16 compute, and the bytes this rank then holds, counted from the tensors (before
-    ``zero_grad``, so the gradients are still there)."""
-    from distlab.data import TokenData, load_corpus
-    from distlab.memory import state_bytes
-    from distlab.model import GPT
-    from distlab.parallel import apply_ddp, apply_fsdp
-    from distlab.runtime import dist_env, pick_device
-
-    rank, local_rank, world_size = dist_env()
-    device = pick_device("auto", local_rank)
-    cfg = preset(preset_name)
-    x, y = TokenData(load_corpus()).batch(
-        "train", 0, global_batch, cfg.block_size, seed, rank, world_size, device
-    )  # (B/N, T) each
-    out = {"shapes": [tuple(p.shape) for p in GPT(cfg).parameters()]}
-    for kind in ("ddp", "fsdp2", "fsdp2_bf16"):
-        model = GPT(cfg, seed=seed).to(device)
-        if kind == "ddp":
-            model = apply_ddp(model, device)
-        else:  # fsdp2_bf16 computes in bf16; the shards, gradients and AdamW stay fp32
-            model = apply_fsdp(model, param_dtype=torch.bfloat16 if kind == "fsdp2_bf16" else None)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-        _, loss = model(x, y)
-        loss.backward()
-        optimizer.step()  # AdamW creates its state on the first step
-        out[kind] = {"counted": state_bytes(model, optimizer), "allocated": allocated_state_bytes(model, optimizer)}
-    return out
-
-
-# --- end exact ---
 
 
 def calculator_data() -> dict:

@@ -1,0 +1,298 @@
+"""The Collective communication chapter's experiments, and its pictures: the five collectives
+live (``run_ranks(all_demos, nprocs=3)``), the ring all-reduce of ``distlab.scratch.collectives``
+against ``dist.all_reduce`` at every step (``ring_check(3)``), and what all-reducing costs
+(``summarise_timings(run_ranks(time_collectives, nprocs=2, args=(SIZES,)))``). Functions that
+call ``dist`` run on every rank of a group (``distlab.infra.launch.run_ranks``)."""
+
+import os
+import statistics
+import time
+import timeit
+
+import torch
+import torch.distributed as dist
+
+from distlab.infra.launch import run_ranks
+from distlab.runtime import rank_world
+from distlab.scratch.collectives import parity_ring_exchange, ring_all_reduce, ring_bytes_sent_per_rank, ring_schedule
+
+SIZES = [2**k for k in range(10, 25, 2)]  # 1 KB, 4 KB, ... 16 MB of float32
+ALL_REDUCES = ("dist.all_reduce", "ring_all_reduce")
+
+
+def environment() -> dict:
+    """What the launcher told this rank, and what the process group says about it."""
+    env = {name: os.environ[name] for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    group = {"dist.get_rank()": dist.get_rank(), "dist.get_world_size()": dist.get_world_size()}
+    return {**env, **group, "dist.get_backend()": dist.get_backend()}
+
+
+# --- begin broadcast ---
+def data() -> torch.Tensor:
+    rank, _ = rank_world()
+    return torch.tensor([1, 2, 3]) * 10**rank  # the digits of a sum name the ranks in it
+
+
+def broadcast() -> dict:
+    t = data()
+    before = t.tolist()
+    dist.broadcast(t, src=0)  # in place: afterwards every rank holds rank 0's tensor
+    return {"before": before, "after": t.tolist()}
+
+
+# --- end broadcast ---
+
+
+def all_reduce() -> dict:
+    t = data()
+    before = t.tolist()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return {"before": before, "after": t.tolist()}
+
+
+def reduce_scatter() -> dict:
+    t = data()
+    before = t.tolist()
+    mine = torch.empty(1, dtype=t.dtype)  # 3 elements / 3 ranks: one each
+    dist.reduce_scatter_single(mine, t)
+    return {"before": before, "after": mine.tolist()}
+
+
+def all_gather() -> dict:
+    piece = data()[:1]  # each rank contributes one element
+    before = piece.tolist()
+    everything = torch.empty(rank_world()[1], dtype=piece.dtype)
+    dist.all_gather_single(everything, piece)
+    return {"before": before, "after": everything.tolist()}
+
+
+def barrier() -> dict:
+    dist.barrier()  # line the ranks up so their clocks start together
+    start = time.perf_counter()
+    time.sleep(0.2 * rank_world()[0])  # rank r is 0.2 r seconds late
+    arrived = time.perf_counter() - start
+    dist.barrier()
+    left = time.perf_counter() - start
+    return {"before": f"arrives at {arrived:.2f} s", "after": f"leaves at {left:.2f} s"}
+
+
+DEMOS = (broadcast, all_reduce, reduce_scatter, all_gather, barrier)
+
+
+def all_demos() -> list[dict]:
+    """Every demo, in one launch (starting processes takes seconds)."""
+    return [demo() for demo in DEMOS]
+
+
+def before_after_table(title: str, per_rank: list[dict]) -> str:
+    """What each rank held before and after a collective, as a small text table."""
+    width = max(len(str(v)) for row in per_rank for v in row.values()) + 3
+    lines = [title, f"{'':8}{'before':<{width}}{'after':<{width}}"]
+    for rank, row in enumerate(per_rank):
+        lines.append(f"rank {rank:<3}{str(row['before']):<{width}}{str(row['after']):<{width}}")
+    return "\n".join(lines) + "\n"
+
+
+def ring_vs_library() -> tuple[float, bool, list[list[int]]]:
+    """On every rank: the worst float difference between the ring and ``dist.all_reduce``,
+    whether integer sums are identical, and after each step k the ring's partial sums of
+    2**rank (one element per chunk: each sum is a bit mask of the ranks it contains)."""
+    rank, n = rank_world()
+    torch.manual_seed(rank)
+    worst, ints_equal = 0.0, True
+    for numel in (n - 1, 10 * n, 10 * n + 1, 100_003):  # fewer than n, divisible, not divisible
+        x, i = torch.randn(numel), torch.randint(-100, 100, (numel,))
+        x_ref, i_ref = x.clone(), i.clone()
+        dist.all_reduce(x_ref)
+        dist.all_reduce(i_ref)
+        ring_all_reduce(x)
+        ring_all_reduce(i)
+        worst = max(worst, (x - x_ref).abs().max().item())
+        ints_equal &= torch.equal(i, i_ref)
+    masks = [ring_all_reduce(torch.full((n,), 2**rank), max_steps=k).tolist() for k in range(2 * (n - 1) + 1)]
+    return worst, ints_equal, masks
+
+
+def ring_check(n: int) -> dict:
+    """``ring_vs_library`` on ``n`` ranks, compared with the simulation ``ring_schedule``."""
+    results = run_ranks(ring_vs_library, nprocs=n, quiet=True)
+    simulated = [[[sum(2**s for s in held) for held in row] for row in e["holds"]] for e in ring_schedule(n)]
+    real = [[results[rank][2][k] for rank in range(n)] for k in range(2 * (n - 1) + 1)]
+    worst, ints_equal = max(r[0] for r in results), all(r[1] for r in results)
+    return {"worst": worst, "ints_equal": ints_equal, "matches_simulation": real == simulated}
+
+
+def exchange_ranks() -> int:
+    """Every rank sends its rank to the right with the parity-ordered blocking exchange."""
+    return parity_ring_exchange(torch.tensor([rank_world()[0]])).item()
+
+
+# --- begin timing ---
+def timed(op, repeats: int) -> list[float]:
+    """Seconds per repeat of ``op`` on this rank; each repeat starts at a barrier."""
+    op()  # warm-up
+    samples = []
+    for _ in range(repeats):
+        dist.barrier()  # start together
+        start = time.perf_counter()
+        op()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def time_collectives(sizes: list[int]) -> dict[tuple[str, int], list[float]]:
+    """On every rank: both all-reduces at every size, and gloo's two halves at the largest."""
+    times = {}
+    for nbytes in sizes:
+        x = torch.ones(nbytes // 4)  # float32
+        repeats = 21 if nbytes < 2**22 else 7  # cheap below 4 MB: more repeats
+        times["dist.all_reduce", nbytes] = timed(lambda x=x: dist.all_reduce(x), repeats)
+        times["ring_all_reduce", nbytes] = timed(lambda x=x: ring_all_reduce(x), repeats)
+    x, largest = torch.ones(sizes[-1] // 4), sizes[-1]
+    shard = torch.empty(x.numel() // rank_world()[1])
+    times["dist.reduce_scatter_single", largest] = timed(lambda: dist.reduce_scatter_single(shard, x), 7)
+    times["dist.all_gather_single", largest] = timed(lambda: dist.all_gather_single(x, shard), 7)
+    return times
+
+
+# --- end timing ---
+
+
+def summarise_timings(per_rank: list[dict], small_bytes: int = 16 * 1024) -> dict:
+    """Repeats (each as long as its slower rank), medians, bus bandwidth, and ``model_time``'s
+    alpha and B fitted per all-reduce: messages up to ``small_bytes`` are all latency (their
+    pooled median is 2(N-1) alpha); the largest message, almost all bandwidth, gives B."""
+    n = len(per_rank)
+    per_repeat = {key: [max(ts) for ts in zip(*(r[key] for r in per_rank))] for key in per_rank[0]}
+    median = {key: statistics.median(ts) for key, ts in per_repeat.items()}
+    busbw = {key: ring_bytes_sent_per_rank(key[1] // 4, n, 4) / t for key, t in median.items()}
+    sizes = sorted({s for name, s in per_repeat if name == ALL_REDUCES[0]})
+    fit = {}
+    for name in ALL_REDUCES:
+        latency = statistics.median([t for s in sizes if s <= small_bytes for t in per_repeat[name, s]])
+        wire = ring_bytes_sent_per_rank(sizes[-1], n, 1)  # bytes each rank sends for the largest
+        fit[name] = {"alpha": latency / (2 * (n - 1)), "bandwidth": wire / (median[name, sizes[-1]] - latency)}
+    return {"ranks": n, "sizes": sizes, "per_repeat": per_repeat, "median": median, "busbw": busbw, "fit": fit}
+
+
+def copy_bandwidth(nbytes: int, repeats: int = 21) -> float:
+    """Bytes per second of one plain in-process copy of ``nbytes`` (median of ``repeats``)."""
+    src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+    return nbytes / statistics.median(timeit.repeat(lambda: dst.copy_(src), number=1, repeat=repeats))
+
+
+def model_time(alpha: float, bandwidth: float, n: int, nbytes: int) -> float:
+    """The ring's alpha-beta model: 2(N-1) latencies plus 2(N-1)/N of the bytes at ``bandwidth``."""
+    return 2 * (n - 1) * alpha + ring_bytes_sent_per_rank(nbytes, n, 1) / bandwidth
+
+
+# --- the pictures: drawn from ring_schedule and the timings above ---
+def _cell(held: frozenset, n: int) -> tuple[str, tuple, str]:
+    """A chunk's label, fill and text colour: darker blue the more ranks its sum holds."""
+    import matplotlib.pyplot as plt
+
+    label = "all" if len(held) == n else "+".join(map(str, sorted(held)))
+    return label, plt.get_cmap("Blues")(0.15 + 0.75 * len(held) / n), "white" if len(held) / n > 0.6 else "black"
+
+
+def _title(entry: dict, n: int) -> str:
+    start = entry["phase"] == "start"
+    return "start: each rank has only its own data" if start else f"{entry['phase']} {entry['step']} of {n - 1}"
+
+
+def ring_figure(n: int = 4):
+    """One grid per step (a row per rank, a column per chunk), each cell naming the ranks its
+    data sums so far; red frames mark the chunk each rank received in that step."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    schedule = ring_schedule(n)
+    fig, axes = plt.subplots(2, n, figsize=(3.0 * n, 6.4))
+    for ax, entry in zip(axes.flat, [schedule[0], *schedule[1:n], None, *schedule[n:]]):  # None: between phases
+        if entry is None:
+            ax.axis("off")
+            note = (
+                "after reduce-scatter,\nrank r holds the full\nsum of chunk r+1;\nall-gather passes\nthe full sums on"
+            )
+            ax.text(0.5, 0.5, note, ha="center", va="center", fontsize=10, transform=ax.transAxes)
+            continue
+        ax.set(xlim=(-0.5, n - 0.5), ylim=(n - 0.5, -0.5), aspect="equal")
+        ax.set_xticks(range(n), [f"chunk {c}" for c in range(n)], fontsize=8)
+        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=8)
+        ax.tick_params(length=0)
+        ax.spines[:].set_visible(False)
+        for r in range(n):
+            for c in range(n):
+                label, fill, text = _cell(entry["holds"][r][c], n)
+                ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fc=fill, ec="white", lw=1.5))
+                ax.text(c, r, label, ha="center", va="center", fontsize=8.5, color=text)
+            if (got := entry["receives"][r]) is not None:  # the chunk received in this step: a red frame
+                ax.add_patch(Rectangle((got - 0.46, r - 0.46), 0.92, 0.92, fill=False, ec="#d62728", lw=2.2))
+        ax.set_title(_title(entry, n), fontsize=10)
+    fig.suptitle(f"Ring all-reduce on {n} ranks: whose data each chunk sums (red: received in this step)", fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def step_html(entry: dict, n: int) -> str:
+    """One step of the ring as an HTML table, with a sentence saying what moved."""
+    from matplotlib.colors import to_hex
+
+    rows = []
+    for r in range(n):
+        cells = ""
+        for c in range(n):
+            label, fill, text = _cell(entry["holds"][r][c], n)
+            border = "#d62728" if entry["receives"][r] == c else "white"
+            style = f"background:{to_hex(fill)};color:{text};border:3px solid {border};width:5.5em;height:2.2em"
+            cells += f'<td style="{style};text-align:center;font-family:monospace">{label}</td>'
+        rows.append(f'<tr><th style="padding-right:0.6em;text-align:right">rank {r}</th>{cells}</tr>')
+    what = f"Each rank holds only its own tensor, cut into {n} chunks."
+    if entry["phase"] != "start":
+        verb = "adds it into its own" if entry["phase"] == "reduce-scatter" else "overwrites its own copy"
+        sends = ", ".join(f"rank {r} → chunk {entry['sends'][r]}" for r in range(n))
+        what = f"Every rank sends one chunk to its right neighbour ({sends}); each receiver {verb} (red frame)."
+    header = "<tr><th></th>" + "".join(f"<th>chunk {c}</th>" for c in range(n)) + "</tr>"
+    table = f"<table style='border-collapse:collapse'>{header}{''.join(rows)}</table>"
+    return f"<div style='font-size:0.95em'><b>{_title(entry, n)}</b><p>{what}</p>{table}</div>"
+
+
+def ring_widget(n: int = 4):
+    """The steps behind a slider and a play button, rendered in advance: no kernel needed."""
+    import ipywidgets as widgets
+
+    schedule = ring_schedule(n)
+    views = widgets.Stack([widgets.HTML(step_html(e, n)) for e in schedule], selected_index=0)
+    slider = widgets.IntSlider(value=0, min=0, max=len(schedule) - 1, description="step")
+    play = widgets.Play(value=0, min=0, max=len(schedule) - 1, interval=1500)
+    widgets.jslink((play, "value"), (slider, "value"))  # links run in the browser: no Python callback
+    widgets.jslink((slider, "value"), (views, "selected_index"))
+    return widgets.VBox([widgets.HBox([play, slider]), views])
+
+
+def timing_figure(summary: dict, copy_bw: float):
+    """Time and bus bandwidth against message size, medians and middle half of the repeats."""
+    import matplotlib.pyplot as plt
+
+    n, sizes, per_repeat, median, busbw = (summary[k] for k in ("ranks", "sizes", "per_repeat", "median", "busbw"))
+    fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(11, 4))
+    kb = [s / 1024 for s in sizes]
+    for name, color in zip(ALL_REDUCES, ("#3b6ea5", "#e39b4c")):
+        q1, _, q3 = zip(*(statistics.quantiles(per_repeat[name, s], n=4) for s in sizes))
+        ax_t.fill_between(kb, [q * 1e3 for q in q1], [q * 1e3 for q in q3], color=color, alpha=0.2)
+        ax_t.plot(kb, [median[name, s] * 1e3 for s in sizes], "o-", color=color, label=f"{name} (median)")
+        ax_bw.plot(kb, [busbw[name, s] / 1e9 for s in sizes], "o-", color=color, label=name)
+    fit = summary["fit"]["dist.all_reduce"]
+    model = [model_time(fit["alpha"], fit["bandwidth"], n, s) * 1e3 for s in sizes]
+    ax_t.plot(kb, model, "--", color="#555", label="$\\alpha$-$\\beta$ model, fitted to dist.all_reduce")
+    ax_t.set(ylabel="time (ms)", title=f"all-reduce on {n} gloo ranks (band: middle half of repeats)")
+    ax_bw.set(ylabel="bus bandwidth (GB/s)", title="bus bandwidth = 2(N-1)/N · S / t")
+    ax_bw.axhline(copy_bw / 1e9, color="#999", ls=":", label=f"a {sizes[-1] >> 20} MB copy within one process")
+    for ax in (ax_t, ax_bw):
+        ax.set(xscale="log", yscale="log", xlabel="message size (KB)")
+        ax.set_xticks(kb, [f"{k:,.0f}" for k in kb], fontsize=8)
+        ax.minorticks_off()
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

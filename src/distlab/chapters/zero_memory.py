@@ -1,0 +1,215 @@
+"""The ZeRO memory chapter's experiments: the calculator (``distlab.tools.memory_calculator``)
+checked against the ZeRO paper's Table 1, against bytes counted on real DDP and FSDP2 ranks,
+and against activations saved with and without checkpointing; and the page's figures.
+
+    paper_table_1()                                # every cell: ours, printed, how they agree
+    measured = {n: run_ranks(measure_one_step, nprocs=n) for n in (2, 4)}
+    measured_rows(measured)                        # counted == exact prediction, vs the calculator
+    activation_rows([("tiny", 8), ("shakespeare", 2)])
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from distlab.chapters.activation_checkpointing import checkpoint_blocks
+from distlab.memory import saved_activation_bytes, state_bytes
+from distlab.model import GPT, preset
+from distlab.tools.memory_calculator import (
+    GB,
+    PAPER_DP,
+    PAPER_TABLE_1,
+    activation_bytes,
+    agrees_with_print,
+    estimate,
+    exact_adamw_state_bytes,
+    per_rank_bytes,
+)
+
+STAGE_NAMES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}  # the paper's stage -> the calculator's strategy
+MEASURED = ("ddp", "fsdp2", "fsdp2-bf16")  # the strategies measure_one_step runs, in the project's names
+
+
+def paper_table_1() -> list[dict]:
+    """Each cell of the paper's Table 1 (bf16 mixed precision, AdamW) as the calculator computes
+    it, next to the printed value and how the two agree ("rounded", "truncated" or None)."""
+    rows = []
+    for psi, stages in PAPER_TABLE_1.items():
+        for stage, printed in stages.items():
+            for n, cell in zip(PAPER_DP, printed.split()):
+                ours = per_rank_bytes(psi, n, "bf16_mixed", "adamw", STAGE_NAMES[stage])["total"] / GB
+                rows.append(
+                    {
+                        "psi": psi,
+                        "stage": stage,
+                        "ranks": n,
+                        "ours_gb": ours,
+                        "printed": cell,
+                        "agrees": agrees_with_print(ours, cell),
+                    }
+                )
+    return rows
+
+
+def reduction(strategy: str, n: int, dtype: str) -> float:
+    """Model-state bytes per rank under DDP over those under ``strategy`` on ``n`` ranks (AdamW)."""
+    return per_rank_bytes(1.0, 1, dtype)["total"] / per_rank_bytes(1.0, n, dtype, "adamw", strategy)["total"]
+
+
+def stages_figure(psi: float = 7.5e9, ns: list[int] | None = None):
+    """Left: GB per rank against N for each stage. Right: each stage's reduction against DDP,
+    in bf16 mixed precision (K = 12) and fp32."""
+    import matplotlib.pyplot as plt
+
+    ns = ns or [2**i for i in range(11)]
+    colors = ["#888", "#3b6ea5", "#6c9bd2", "#e39b4c"]
+    names = ["DDP", "ZeRO-1 (P_os)", "ZeRO-2 (P_os+g)", "ZeRO-3 (P_os+g+p)"]
+    fig, (ax_bytes, ax_red) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for stage, strategy in STAGE_NAMES.items():
+        gb = [per_rank_bytes(psi, n, "bf16_mixed", "adamw", strategy)["total"] / GB for n in ns]
+        ax_bytes.plot(ns, gb, marker="o", ms=3, color=colors[stage], label=names[stage])
+    ax_bytes.set(yscale="log", ylabel="GB per rank", title=f"{psi / 1e9:g}B parameters, bf16 mixed, AdamW")
+    ax_bytes.axhline(32, color="k", lw=0.6, ls=":")
+    ax_bytes.text(2**7, 36, "32 GB (V100)", fontsize=8)
+    ax_bytes.legend(fontsize=8)
+    for stage in (1, 2, 3):
+        for dtype, style, marker in (("bf16_mixed", "-", None), ("fp32", "--", "x")):
+            if stage == 3 and dtype == "fp32":
+                continue  # the same line, N, for any precision
+            label = names[stage] + ("" if stage == 3 else ", K=12" if dtype == "bf16_mixed" else ", fp32")
+            values = [reduction(STAGE_NAMES[stage], n, dtype) for n in ns]
+            ax_red.plot(ns, values, style, marker=marker, ms=4, color=colors[stage], label=label)
+    for limit in (2, 4, 8):
+        ax_red.axhline(limit, color="k", lw=0.5, ls=":")
+        ax_red.text(1.05, limit + 0.2, f"{limit}x", fontsize=8)
+    ax_red.set(ylim=(0, 12), ylabel="reduction vs DDP", title="model-state reduction per rank")
+    ax_red.legend(fontsize=7, loc="upper right")
+    for ax in (ax_bytes, ax_red):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ranks N")
+    fig.tight_layout()
+    return fig
+
+
+# --- begin measure ---
+def allocated_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Like ``state_bytes``, but the bytes of the storages behind the tensors, each counted once."""
+
+    def storage_bytes(tensors) -> int:
+        local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+        return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in local}.values())
+
+    params = list(model.parameters())
+    out = {
+        "params": storage_bytes(params),
+        "grads": storage_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": storage_bytes(v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)),
+    }
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
+
+
+def measure_one_step(preset_name: str = "tiny", global_batch: int = 8, seed: int = 0) -> dict:
+    """Run on every rank (``run_ranks``): one fused-AdamW step under DDP, then FSDP2, then FSDP2
+    computing in bf16, and the bytes this rank then holds, counted from the tensors (before
+    ``zero_grad``, so the gradients are still there)."""
+    from distlab.infra.experiment import build, gpt
+
+    out = {"shapes": [tuple(p.shape) for p in gpt(preset_name).parameters()]}
+    for strategy in MEASURED:  # fsdp2-bf16 computes in bf16; its shards, gradients and AdamW stay fp32
+        exp = build(strategy, preset_name, global_batch, seed)  # the GPT, wrapped, with fused AdamW
+        exp.backward(exp.loss(step=0))
+        exp.optimizer.step()  # AdamW creates its state on the first step
+        counted = state_bytes(exp.model, exp.optimizer)
+        out[strategy] = {"counted": counted, "allocated": allocated_state_bytes(exp.model, exp.optimizer)}
+    return out
+
+
+# --- end measure ---
+
+
+def measured_rows(measured: dict[int, list[dict]]) -> list[dict]:
+    """For every world size, rank and strategy (DDP, FSDP2): the bytes counted on the rank,
+    the exact prediction from the parameter shapes, and the calculator's 16 bytes per parameter
+    (divided by N under ZeRO-3 = FSDP2)."""
+    rows = []
+    for n, ranks in measured.items():
+        shapes = ranks[0]["shapes"]
+        n_params = sum(math.prod(s) for s in shapes)
+        for rank, got in enumerate(ranks):
+            for kind, fsdp2, strategy in (("ddp", False, "ddp"), ("fsdp2", True, "zero3")):
+                counted = got[kind]["counted"]["total"]
+                calculator = per_rank_bytes(n_params, n, "fp32", "adamw", strategy)["total"]
+                exact = exact_adamw_state_bytes(shapes, n, rank, fsdp2)["total"]
+                rows.append(
+                    {
+                        "ranks": n,
+                        "rank": rank,
+                        "strategy": kind,
+                        "counted": counted,
+                        "exact": exact,
+                        "calculator": calculator,
+                        "difference": counted - calculator,
+                    }
+                )
+    return rows
+
+
+def activation_rows(cases: list[tuple[str, int]]) -> list[dict]:
+    """For each (preset, batch) at full context: bytes saved for backward without and with
+    every block checkpointed, counted with a pack hook, and the calculator's formula."""
+    rows = []
+    for name, batch in cases:
+        cfg = preset(name)
+        idx, targets = torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size))
+        plain = saved_activation_bytes(GPT(cfg), idx, targets)
+        checkpointed = saved_activation_bytes(checkpoint_blocks(GPT(cfg)), idx, targets)
+        off, on = (activation_bytes(cfg, batch, cfg.block_size, ac) for ac in (False, True))
+        rows.append(
+            {
+                "preset": name,
+                "batch": batch,
+                "plain": plain,
+                "checkpointed": checkpointed,
+                "formula_plain": off["saved"],
+                "formula_checkpointed": on["saved"],
+                "peak": on["peak"],
+            }
+        )
+    return rows
+
+
+def breakdown_figure(model: str, ranks: int, micro_batch: int, seq_len: int, dtype: str = "bf16_mixed"):
+    """Bytes per rank by part under each ZeRO stage, and ZeRO-3 with activation checkpointing,
+    as the calculator estimates them; the estimates come back with the figure."""
+    import matplotlib.pyplot as plt
+
+    colors = {"params": "#3b6ea5", "grads": "#6c9bd2", "optimizer": "#a9c6ea", "activations": "#e39b4c"}
+    cases = [(s, False) for s in STAGE_NAMES.values()] + [("zero3", True)]
+    estimates = {}
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for row, (strategy, ac) in enumerate(cases):
+        est = estimate(
+            model,
+            ranks,
+            dtype,
+            "adamw",
+            strategy,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            activation_checkpointing=ac,
+        )
+        estimates[strategy + (" + AC" if ac else "")] = est
+        left = 0.0
+        for part, color in colors.items():
+            ax.barh(row, est[part] / GB, left=left / GB, color=color, label=part if row == 0 else None)
+            left += est[part]
+    ax.set_yticks(range(len(cases)), list(estimates))
+    ax.invert_yaxis()
+    ax.set_xlabel("GB per rank")
+    ax.legend(ncol=4, fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig, estimates
