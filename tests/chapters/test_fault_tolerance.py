@@ -100,7 +100,7 @@ def run_until_killed(args: list, marker: Path, timeout: float = 120) -> RankFail
     killer = kill_when_stalled(marker, timeout)
     with pytest.raises(RankFailed) as failed:
         run_script(
-            REPO_ROOT / "src" / "distlab" / "chapters" / "fault_tolerance.py",
+            REPO_ROOT / "src" / "examples" / "stall_save.py",
             args,
             nprocs=2,
             timeout=timeout,

@@ -1,7 +1,7 @@
-"""Regenerate tests/baselines/lab1_tiny_fp32.json: run only when the model, the data
+"""Regenerate tests/support/baselines/lab1_tiny_fp32.json: run only when the model, the data
 pipeline or lab 1's loop change on purpose, and say why in the commit.
 
-    python tests/make_baseline.py
+    python tests/support/make_baseline.py
 """
 
 import json

@@ -5,7 +5,7 @@ half-way every time (not when a race happens to allow it), this runs a lab with 
 save's steps made to wait; rank 0 writes its process id to MARKER when it gets there, and the
 caller kills that process for real (SIGKILL: no handler, no clean-up, as a lost node):
 
-    python src/distlab/chapters/fault_tolerance.py --stall before-rename --save 2 --marker M \
+    python src/examples/stall_save.py --stall before-rename --save 2 --marker M \
         src/labs/lab2_ddp.py --checkpoint-every 2 ...
 
 Nothing in the labs knows about this: the waits are patched in from outside, here.
@@ -13,9 +13,7 @@ Nothing in the labs knows about this: the waits are patched in from outside, her
 
 from __future__ import annotations
 
-import argparse
 import os
-import runpy
 import signal
 import subprocess
 import sys
@@ -154,28 +152,3 @@ def torchrun_killing_a_rank(
             agent.wait()
         reader.join(timeout=10)
     return agent.returncode, sorted(lines)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        prog="fault_tolerance.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--stall", required=True, choices=sorted(STALLS), help="where rank 0 waits")
-    parser.add_argument("--save", type=int, required=True, help="in which save (1: the first)")
-    parser.add_argument("--marker", type=Path, required=True, help="rank 0 writes its pid here once waiting")
-    parser.add_argument("script", help="the lab to run")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="the lab's own options")
-    opts = parser.parse_args()
-    if int(os.environ.get("RANK", "0")) == 0:
-        stall_on(opts.save, opts.stall, opts.marker)
-    sys.argv = [opts.script, *opts.args]
-    # run as a script, this file's folder came first on sys.path, where chapters/accelerate.py
-    # would shadow the accelerate package: the lab's folder takes its place, as `python lab.py` has it
-    here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-    sys.path.insert(0, str(Path(opts.script).resolve().parent))
-    runpy.run_path(opts.script, run_name="__main__")
-
-
-if __name__ == "__main__":
-    main()
