@@ -153,7 +153,7 @@ def test_nothing_in_the_repository_points_outside_it():
     hits = [
         f"{p.relative_to(REPO_ROOT)}:{i}"
         for p in tracked("*.py", "*.md", "*.yml", "*.toml", "Makefile", ".ci/*", "*.sbatch")
-        if "_vendor" not in p.parts
+        if "_vendor" not in p.parts and p != Path(__file__)  # this file names the pattern
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if outside.search(line)
     ]
