@@ -20,10 +20,10 @@ from distlab.checkpoint import inspect_checkpoint, latest, load_plain_weights
 from distlab.data import token_data
 from distlab.errors import UserError
 from distlab.infra.launch import run_ranks
-from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import GPT, preset
 from support.labs import run_lab
+from support.labs import torchrun as torchrun_lab
 
 ARGS = [
     "--preset",
@@ -44,21 +44,7 @@ ARGS = [
 
 def torchrun(nprocs: int, *args, timeout: float = 180) -> subprocess.CompletedProcess:
     """Lab 4 under `torchrun --standalone` (port 0: the OS picks a free one)."""
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nprocs}",
-            str(REPO_ROOT / "src" / "labs" / "lab4_fsdp2.py"),
-            *map(str, args),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    return torchrun_lab("lab4_fsdp2.py", nprocs, *args, timeout=timeout)
 
 
 def losses(out) -> list[float]:
