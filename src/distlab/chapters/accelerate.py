@@ -32,11 +32,12 @@ def fingerprint(model: torch.nn.Module) -> str:
 def _train(accelerator, model, steps: int = 3) -> torch.nn.Module:
     """A few steps where each rank sees its own rows, as in any data-parallel run. The rank
     comes from the launcher (as the labs' data does), not from Accelerate, which may be wrong."""
+    vocab_size = model.config.vocab_size  # random tokens of the model's own vocabulary
     model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     rank, T = int(os.environ.get("RANK", 0)), 32
     for step in range(steps):
         g = torch.Generator().manual_seed(1000 * step + rank)
-        x = torch.randint(0, 65, (2, T), generator=g)
+        x = torch.randint(0, vocab_size, (2, T), generator=g)
         _, loss = model(x, x)
         accelerator.backward(loss)
         optimizer.step()
@@ -103,7 +104,8 @@ def accumulate_trace(out_dir: str, accum_steps: int = 4) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accum_steps)
-    model = GPT(preset("tiny"), seed=0)
+    cfg = preset("tiny")
+    model = GPT(cfg, seed=0)
     model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     sent = []
 
@@ -114,7 +116,7 @@ def accumulate_trace(out_dir: str, accum_steps: int = 4) -> None:
     model.register_comm_hook(None, counting_hook)
     rows, rank = [], accelerator.process_index
     for micro in range(2 * accum_steps):  # two optimizer steps
-        x = torch.randint(0, 65, (2, 32), generator=torch.Generator().manual_seed(100 * micro + rank))
+        x = torch.randint(0, cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(100 * micro + rank))
         before = fingerprint(model)
         with accelerator.accumulate(model):
             _, loss = model(x, x)
