@@ -17,8 +17,8 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from distlab.bench.labs import load_lab
 from distlab.checkpoint import inspect_checkpoint, latest, load_plain_weights
-from distlab.data import token_data
 from distlab.errors import UserError
+from distlab.infra.experiment import gpt
 from distlab.infra.launch import run_ranks
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import GPT, preset
@@ -118,7 +118,7 @@ def _rng_round_trip(out: str) -> tuple[int, list[float], list[float]]:
         init_from: str = ""
 
     rank = torch.distributed.get_rank()
-    model = apply_fsdp(GPT(preset("tiny", vocab_size=token_data().vocab_size)))
+    model = apply_fsdp(gpt("tiny", seed=0))
     optimizer = torch.optim.AdamW(model.parameters())
     cfg = Config(out=out)
     torch.manual_seed(100 + rank)  # each rank its own stream
@@ -157,7 +157,7 @@ def test_a_checkpoint_converts_to_the_weights_lab_1_loads(never_stopped, tmp_pat
     saved = torch.load(never_stopped / "model.pt", weights_only=True)  # lab 4's own, at the end
     assert converted.keys() == saved.keys()
     assert all(torch.equal(converted[k], saved[k]) for k in saved)
-    GPT(preset("tiny", vocab_size=token_data().vocab_size)).load_state_dict(converted)
+    gpt("tiny", seed=0).load_state_dict(converted)
     # lab 1 evaluates and samples from it without a training step
     out = tmp_path / "lab1"
     proc = run_lab(
@@ -232,11 +232,11 @@ class _RunsCode:
 
 
 def test_init_from_loads_tensors_only_and_names_the_mismatch(tmp_path):
-    model = GPT(preset("tiny", vocab_size=token_data().vocab_size))
+    model = gpt("tiny", seed=0)
     evil, small, fine = tmp_path / "evil.pt", tmp_path / "vocab70.pt", tmp_path / "fine.pt"
     torch.save({"wte.weight": _RunsCode()}, evil)
     torch.save(GPT(preset("tiny", vocab_size=70)).state_dict(), small)
-    torch.save(GPT(preset("tiny", vocab_size=token_data().vocab_size), seed=7).state_dict(), fine)
+    torch.save(gpt("tiny", seed=7).state_dict(), fine)
     with pytest.raises(UserError, match=r"evil.pt is not a weights file \(UnpicklingError"):
         load_plain_weights(model, evil)
     with pytest.raises(UserError, match=r"wte.weight is \[70, 64\] in the file, \[65, 64\] in the model"):
@@ -246,7 +246,7 @@ def test_init_from_loads_tensors_only_and_names_the_mismatch(tmp_path):
     with pytest.raises(UserError, match="is a folder; a sharded checkpoint"):
         load_plain_weights(model, tmp_path)
     load_plain_weights(model, fine)
-    assert torch.equal(model.wte.weight, GPT(preset("tiny", vocab_size=token_data().vocab_size), seed=7).wte.weight)
+    assert torch.equal(model.wte.weight, gpt("tiny", seed=7).wte.weight)
     with pytest.raises(pickle.UnpicklingError):  # torch's own default refuses it too (torch >= 2.6)
         torch.load(evil)
 

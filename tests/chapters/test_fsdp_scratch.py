@@ -14,10 +14,10 @@ import torch.distributed as dist
 from distlab.chapters.fsdp_scratch import VARIANTS, compare, gathered_bytes
 from distlab.data import token_data
 from distlab.exercises import check_bf16_unit, check_sgd_exposes_missing_division
-from distlab.infra.experiment import train
+from distlab.infra.experiment import gpt, train
 from distlab.infra.launch import run_ranks
 from distlab.memory import state_bytes
-from distlab.model import GPT, count_parameters, preset
+from distlab.model import GPT, count_parameters
 from distlab.scratch.fsdp import FlatShardUnit, shard_model, unit_parameters
 from support.exercises import passes
 
@@ -25,7 +25,7 @@ SEED = 1337
 
 
 def tiny_gpt() -> GPT:
-    return GPT(preset("tiny", vocab_size=token_data().vocab_size), seed=SEED)
+    return gpt("tiny", seed=SEED)
 
 
 def unit_numels() -> dict[str, int]:

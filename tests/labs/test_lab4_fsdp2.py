@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from distlab.data import token_data
+from distlab.infra.experiment import gpt
 from distlab.metrics import read_metrics, read_summary
-from distlab.model import GPT, preset
 from support.labs import BASELINE, run_lab, torchrun
 
 
@@ -28,7 +27,7 @@ def test_state_per_rank_is_at_most_052_of_ddp_and_weights_load_in_lab_1(tmp_path
     ratio = read_summary(fsdp)["state_bytes_per_rank"]["total"] / read_summary(ddp)["state_bytes_per_rank"]["total"]
     assert 0.5 <= ratio <= 0.52
     state = torch.load(fsdp / "model.pt", weights_only=True)  # plain tensors, plain keys
-    GPT(preset("tiny", vocab_size=token_data().vocab_size)).load_state_dict(state)
+    gpt("tiny", seed=0).load_state_dict(state)
     assert read_summary(fsdp)["sample"]  # rank 0 sampled from the gathered weights
 
 

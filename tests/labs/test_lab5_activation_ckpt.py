@@ -4,9 +4,8 @@ mode, lab 4's checkpoints resume in it, and bad flags are refused in one line.""
 import pytest
 import torch
 
-from distlab.data import token_data
+from distlab.infra.experiment import gpt
 from distlab.metrics import read_metrics, read_summary
-from distlab.model import GPT, preset
 from support.labs import BASELINE, run_lab, torchrun
 
 
@@ -54,7 +53,7 @@ def test_lab5_resumes_a_lab4_checkpoint_and_saves_plain_weights(tmp_path):
     lab4 = [m["loss"] for m in read_metrics(tmp_path / "lab4")]
     lab5 = [m["loss"] for m in read_metrics(tmp_path / "lab5")]
     assert lab5 == lab4[3:]  # the checkpoint's keys are the plain model's, with or without wrappers
-    plain = GPT(preset("tiny", vocab_size=token_data().vocab_size))
+    plain = gpt("tiny", seed=0)
     plain.load_state_dict(torch.load(tmp_path / "lab5" / "model.pt", weights_only=True))
 
 

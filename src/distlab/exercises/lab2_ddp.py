@@ -7,9 +7,8 @@ from collections.abc import Callable
 
 import torch
 
-from distlab.data import token_data
 from distlab.exercises._common import on_ranks, passed, rank_device, require_callable
-from distlab.model import GPT, preset
+from distlab.infra.experiment import gpt
 
 
 def _cpu_copy(state: dict) -> dict:
@@ -20,7 +19,7 @@ def _ddp_state_dicts() -> dict:
     """What lab 2 would save with ``model.state_dict()`` (the wrapper) and ``model.module.state_dict()``."""
     from distlab.parallel import apply_ddp
 
-    model = GPT(preset("tiny", vocab_size=token_data().vocab_size), seed=1).to(rank_device())
+    model = gpt("tiny", seed=1).to(rank_device())
     ddp = apply_ddp(model, rank_device())
     return {"wrapper": _cpu_copy(ddp.state_dict()), "inner": _cpu_copy(ddp.module.state_dict())}
 
@@ -32,7 +31,7 @@ def check_loads_ddp_state(load: Callable) -> None:
     saved = on_ranks(_ddp_state_dicts, 1, "saving a DDP model")[0]  # a real DDP wrapper, on one rank
     first_key = next(iter(saved["wrapper"]))
     # other weights than the saved ones: a load that skips a key shows
-    model = GPT(preset("tiny", vocab_size=token_data().vocab_size), seed=2)
+    model = gpt("tiny", seed=2)
     try:
         load(model, copy.deepcopy(saved["wrapper"]))
     except Exception as error:

@@ -138,7 +138,7 @@ def intra_op_threads(n: int | None):
 
 def gpt(preset_name: str = "tiny", seed: int = 1337) -> GPT:
     """The preset's GPT on the CPU, with the vocabulary of the data every experiment uses."""
-    return GPT(preset(preset_name, vocab_size=token_data().tokenizer.vocab_size), seed=seed)
+    return GPT(preset(preset_name, vocab_size=token_data().vocab_size), seed=seed)
 
 
 @dataclass
