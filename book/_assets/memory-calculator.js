@@ -16,12 +16,18 @@ function distlabMemoryCalculator(uid) {
     const out = {};
     for (const part of data.parts) out[part] = coef[part] * P / (s.sharded[part] ? d : 1);
     out.total = out.params + out.grads + out.optimizer;
+    // whole parameters FSDP2 holds on top of its shards, in the compute dtype (as many bytes as
+    // the params coefficient): every unit, or the root and two blocks (known from the architecture)
+    const whole = s.gathered === "model" ? P : s.gathered === "units" ? (model ? model.gathered_units : null) : 0;
+    out.gathered = whole === null ? null : coef.params * whole;
     out.activations = null;
     if (model && model.activations) {
-      const a = model.activations[inp.ac ? "on" : "off"];
-      out.activations = a.per_token * inp.batch * inp.seq + a.per_position * inp.seq + a.constant;
-      out.total = out.total + out.activations;
+      // the peak is the larger of two moments of backward, each affine in (B*T, T, 1)
+      const moments = model.activations[inp.dtype][inp.ac ? "on" : "off"];
+      out.activations = Math.max(...moments.map(
+        (a) => a.per_token * inp.batch * inp.seq + a.per_position * inp.seq + a.constant));
     }
+    out.total = out.total + (out.gathered || 0) + (out.activations || 0);
     return out;
   }
   // --- end formula ---
@@ -42,7 +48,9 @@ function distlabMemoryCalculator(uid) {
       if (n >= size) return (n / size).toFixed(n / size >= 100 ? 0 : n / size >= 10 ? 1 : 2) + " " + unit;
     return n.toFixed(0) + " B";
   }
-  const colors = {params: "#3b6ea5", grads: "#6c9bd2", optimizer: "#a9c6ea", activations: "#e39b4c"};
+  const colors = {params: "#3b6ea5", grads: "#6c9bd2", optimizer: "#a9c6ea", gathered: "#7a9e5a",
+                  activations: "#e39b4c"};
+  const labels = {gathered: "gathered parameters (FSDP2)", activations: "activations (peak)"};
   function render() {
     const f = root.querySelector("form").elements;
     const num = (name) => Number(f[name].value);
@@ -52,11 +60,11 @@ function distlabMemoryCalculator(uid) {
     const out = root.querySelector(".out"), err = problem(inp);
     if (err) { out.textContent = err; return; }
     const r = perRankBytes(data, inp);
-    const parts = [...data.parts, "activations"];
+    const parts = [...data.parts, "gathered", "activations"];
     const cell = "<td style='text-align:right'>";
     let rows = "", bar = "", legend = "";
     for (const p of parts) {
-      const label = p === "activations" ? "activations (fp32, peak)" : p;
+      const label = labels[p] || p;
       const shown = r[p] === null ? "n/a (no architecture)" : fmt(r[p]);
       rows += "<tr><td>" + label + "</td>" + cell + shown + "</td></tr>";
       const width = 100 * r[p] / r.total;

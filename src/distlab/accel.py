@@ -5,10 +5,15 @@ what it was asked (each fallback is reproduced in the Accelerate chapter):
 
 - without ``cpu=True`` on a machine with no GPU, each of N launched processes makes a
   one-process Accelerator: N models train unsynchronised, with no error;
-- its FSDP plugin needs a GPU: on CPU ranks it wraps the model in DDP instead.
+- its FSDP plugin is only taken on accelerators: on CPU ranks it wraps the model in DDP instead.
 
 So the device choice still comes from ``distlab.runtime`` (the one place that knows about
 CPU vs GPU), and ``check_processes`` / ``check_strategy`` turn each fallback into an error.
+
+With ``--fsdp`` the lab shards the model itself, checkpoint first (``parallel.apply_fsdp``),
+on GPUs as on CPU ranks: Accelerate 1.15's plugin, left to shard, puts the FSDP2 unit inside
+the checkpoint wrapper and, given ``mixed_precision="bf16"``, reduces gradients in bf16 (the
+chapter shows both on CPU ranks).
 """
 
 from __future__ import annotations
@@ -26,38 +31,53 @@ from distlab.errors import UserError
 from distlab.runtime import backend_for
 
 
+def mixed_precision_for(dtype: str, fsdp: bool) -> str:
+    """Accelerate's ``mixed_precision`` for lab 6's ``--dtype``: bf16 autocast under DDP (as labs
+    2-3), but "no" with ``--fsdp``, where FSDP2's ``MixedPrecisionPolicy`` from ``apply_fsdp``
+    (bf16 compute, fp32 reduction) is the one mechanism, as in labs 4-5. Given "bf16", the FSDP2
+    plugin would build a policy of its own that reduces in bf16 and returns bf16 outputs
+    (``set_mixed_precision`` in accelerate/utils/dataclasses.py)."""
+    return "no" if dtype == "fp32" or fsdp else dtype
+
+
+def fsdp2_plugin():
+    """Accelerate's FSDP2 mode for a model the lab has already sharded.
+
+    ``prepare`` leaves an ``FSDPModule`` as it is (``fsdp2_prepare_model`` in
+    accelerate/utils/fsdp_utils.py returns it untouched) and maps the optimizer onto its
+    parameters; the mode makes ``accumulate`` skip the reduce-scatter between micro-batches
+    (``set_requires_gradient_sync``) and ``save_state`` write sharded files. Every field left
+    unset is read from the launcher's ``FSDP_*`` variables, so the two that would change the
+    model are set: no second checkpoint wrapper, no auto-wrap of its own.
+    """
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    return FullyShardedDataParallelPlugin(
+        fsdp_version=2, activation_checkpointing=False, auto_wrap_policy="no_wrap", state_dict_type="SHARDED_STATE_DICT"
+    )
+
+
 def make_accelerator(
     device: torch.device, dtype: str, accum_steps: int, sync_each_batch: bool, timeout_s: float, fsdp: bool
 ):
-    """An Accelerator on ``device`` (from ``runtime.pick_device``) with bf16 autocast or none,
-    ``accum_steps`` micro-batches per optimizer step, and a process-group timeout.
-
-    With ``fsdp`` on a GPU, Accelerate's own FSDP2 plugin shards the model in ``prepare``:
-    each transformer ``Block`` is one unit, as ``parallel.apply_fsdp`` does by hand. On CPU
-    there is no plugin to ask (it would fall back to DDP); the caller shards the model itself.
+    """An Accelerator on ``device`` (from ``runtime.pick_device``) with ``accum_steps``
+    micro-batches per optimizer step, a process-group timeout, bf16 autocast for ``dtype``
+    bf16 without ``fsdp``, and with ``fsdp`` on a GPU, Accelerate's FSDP2 mode (``fsdp2_plugin``).
+    On CPU there is no FSDP2 mode to ask for (it would give DDP); the caller keeps the model out of ``prepare``.
     """
     from accelerate import Accelerator
-    from accelerate.utils import FullyShardedDataParallelPlugin, GradientAccumulationPlugin, InitProcessGroupKwargs
+    from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs
 
-    plugin = None
-    if fsdp and device.type == "cuda":
-        plugin = FullyShardedDataParallelPlugin(
-            fsdp_version=2,
-            reshard_after_forward=True,
-            auto_wrap_policy="transformer_based_wrap",
-            transformer_cls_names_to_wrap=["Block"],
-            state_dict_type="SHARDED_STATE_DICT",
-        )
     return Accelerator(
         cpu=device.type == "cpu",  # without it, CPU processes never form a group (no error either)
-        mixed_precision="no" if dtype == "fp32" else dtype,
+        mixed_precision=mixed_precision_for(dtype, fsdp),
         # sync_with_dataloader: our batches come from TokenData, not a DataLoader; count micro-batches
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=accum_steps, sync_each_batch=sync_each_batch, sync_with_dataloader=False
         ),
         # Accelerate picks the backend (gloo with cpu=True, NCCL on GPUs); check_processes checks it
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=timeout_s))],
-        fsdp_plugin=plugin,
+        fsdp_plugin=fsdp2_plugin() if fsdp and device.type == "cuda" else None,
     )
 
 
@@ -66,9 +86,10 @@ def check_fsdp_request(cfg, world_size: int, device: torch.device) -> None:
     if cfg.fsdp and world_size == 1:
         raise UserError("--fsdp shards over ranks and one process has none: launch 2 or more, or drop --fsdp")
     if cfg.fsdp and (cfg.checkpoint_every or cfg.resume) and device.type != "cuda":
-        # save_state writes no model it did not prepare, and the optimizer from rank 0 alone: half of it
+        # on CPU the sharded model is kept out of prepare: save_state writes no model it was not given,
+        # and the optimizer from rank 0 alone: half of it
         raise UserError(
-            "save_state cannot save a model sharded outside Accelerate (--fsdp on CPU): "
+            "save_state cannot save a model Accelerate was not given (--fsdp on CPU ranks): "
             "use lab 5's sharded checkpoints, or drop --checkpoint-every/--resume"
         )
 

@@ -77,8 +77,9 @@ def saved_activation_bytes(model: nn.Module, idx: torch.Tensor, targets: torch.T
     return sum(storages.values())
 
 
-def activation_bytes_formula(cfg: GPTConfig, batch: int, seq_len: int) -> dict[str, int]:
-    """Saved activations of ``GPT(cfg)`` in fp32, worked out tensor by tensor.
+def activation_bytes_formula(cfg: GPTConfig, batch: int, seq_len: int, value_bytes: int = 4) -> dict[str, int]:
+    """Saved activations of ``GPT(cfg)``, worked out tensor by tensor, for a model computing in
+    fp32 (``value_bytes=4``) or with bf16 parameters (2: FSDP2's ``param_dtype=bf16``).
 
     Per block, in units of B*T*C values: the LayerNorm 1 input (1), its output as the qkv
     input (1), the qkv output that attention keeps as q, k, v (3), the attention output
@@ -86,14 +87,18 @@ def activation_bytes_formula(cfg: GPTConfig, batch: int, seq_len: int) -> dict[s
     fused attention kernel already lays its output out as (B, T, H, C/H)), the LayerNorm 2
     input (1) and output (1), the MLP's hidden before GELU (4) and after it (4): 16 BTC.
     Small terms: each LayerNorm's mean and 1/std (2BT each), attention's log-sum-exp
-    (B*H*T). Outside the blocks: the final LayerNorm's input, output and statistics
-    (2BTC + 2BT), the log-softmax of the logits (BTV), the int64 token ids, positions and
-    targets, and the loss's 4-byte weight sum.
+    (B*H*T, always fp32). Outside the blocks: the final LayerNorm's input, output and
+    statistics (2BTC + 2BT), the log-softmax of the logits (BTV, fp32 in both cases: the loss is
+    computed from ``logits.float()``), the int64 token ids, positions and targets, and the
+    loss's 4-byte weight sum. (With bf16 inputs the CPU keeps LayerNorm's statistics in bf16,
+    as counted here; CUDA keeps them in fp32, 2BT bytes more per LayerNorm.)
     """
+    if value_bytes not in (2, 4):
+        raise ValueError(f"value_bytes is 4 (fp32) or 2 (bf16), got {value_bytes!r}")
     B, T, C, V, H, L = batch, seq_len, cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.n_layer
-    fp32 = 4
-    per_block = fp32 * (16 * B * T * C + 2 * 2 * B * T + B * H * T)
-    head = fp32 * (2 * B * T * C + 2 * B * T + B * T * V)
+    w, fp32 = value_bytes, 4
+    per_block = w * (16 * B * T * C + 2 * 2 * B * T) + fp32 * B * H * T
+    head = w * (2 * B * T * C + 2 * B * T) + fp32 * B * T * V
     ids = 8 * (B * T + T + B * T) + fp32
     return {
         "blocks": L * per_block,
@@ -101,6 +106,35 @@ def activation_bytes_formula(cfg: GPTConfig, batch: int, seq_len: int) -> dict[s
         "outside_blocks": head + ids,
         "total": L * per_block + head + ids,
     }
+
+
+def activation_peak_bytes(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> dict[str, int]:
+    """Activations of one forward and backward, measured by PyTorch's ``MemTracker``: ``saved``,
+    the bytes it counts as activations when forward ends, and ``peak``, the most bytes of
+    activations and backward temporaries alive at once, sampled after every operator. The
+    tracker's own peak snapshot is taken when *all* memory peaks, gradients included; this is
+    the peak of the activations themselves. The logits are dropped at once (``model(x, y)[1]``)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    def activations(snapshot: dict) -> int:
+        return sum(n for kind, n in snapshot.items() if str(kind).rsplit(".", 1)[-1] in ("ACT", "TEMP"))
+
+    class SampledTracker(MemTracker):  # private API of torch 2.13, as StepMemory's
+        most = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            self.most = max([self.most, *map(activations, self._curr_mem_snap.values())])
+            return out
+
+    tracker = SampledTracker()
+    tracker.track_external(model)
+    with tracker:
+        loss = model(idx, targets)[1]
+        (after_forward,) = tracker.get_tracker_snapshot("current").values()
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return {"saved": activations(after_forward), "peak": tracker.most}
 
 
 # the tracker's categories, by the names the labs' summaries use

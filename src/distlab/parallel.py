@@ -102,30 +102,94 @@ def apply_ddp(model: nn.Module, device: torch.device, **ddp_kwargs) -> DDP:
 
 
 def apply_fsdp(
-    model: nn.Module, mesh=None, reshard_after_forward: bool = True, param_dtype: torch.dtype | None = None
+    model: nn.Module,
+    mesh=None,
+    reshard_after_forward: bool = True,
+    param_dtype: torch.dtype | None = None,
+    check_weights: bool = True,
 ) -> nn.Module:
     """Shard ``model`` with FSDP2: each transformer block is one unit, then the root.
 
     A block's parameters are all-gathered just before its forward and (with
     ``reshard_after_forward``, ZeRO-3) freed right after it, then gathered again for its
     backward, where its gradients are reduce-scattered. The root unit holds what is left
-    (embeddings, final LayerNorm; the head is tied to the token embedding). ``fully_shard``
-    changes the model in place: its parameters become DTensors holding this rank's shard.
+    (embeddings, final LayerNorm; the head is tied to the token embedding) and stays gathered
+    from its forward to its backward. ``fully_shard`` changes the model in place: its
+    parameters become DTensors holding this rank's shard.
 
-    ``param_dtype``: compute in this dtype (bf16) while the sharded parameters, the
-    gradient reduction and the optimizer stay fp32. ``mesh``: a 1-D mesh shards over all
-    ranks (the default); a 2-D mesh ("replicate", "shard") is hybrid sharding.
+    ``param_dtype``: the FSDP2 labs' one mixed-precision mechanism (no autocast): parameters
+    are all-gathered in this dtype (bf16), so forward and backward compute in it, while the
+    sharded parameters (the master weights), the gradient reduce-scatter and the optimizer
+    stay fp32. ``mesh``: a 1-D mesh shards over all ranks (the default); a 2-D mesh
+    ("replicate", "shard") is hybrid sharding.
+    ``check_weights``: first check that every rank holds the same weights (``fully_shard``
+    neither broadcasts nor checks them; see ``check_same_weights``).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    if check_weights:
+        check_same_weights(model)
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
-    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
-    if mp is not None:
-        kwargs["mp_policy"] = mp
+    kwargs = {"mesh": mesh} if mp is None else {"mesh": mesh, "mp_policy": mp}
     for block in model.blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
+    # The root never reshards after forward: backward starts with the head (tied to the token
+    # embedding), so freeing it would only gather it again at once. Left unset, FSDP2 makes
+    # the same choice for the root (_lazy_init in torch/distributed/fsdp/_fully_shard/
+    # _fsdp_state.py); an explicit True on the root is honoured, and costs an all-gather.
+    fully_shard(model, reshard_after_forward=False, **kwargs)
     return model
+
+
+def first_differing_parameter(model: nn.Module, group=None) -> tuple[int, str, float, float] | None:
+    """(rank, parameter name, its sum there, rank 0's sum) of the first parameter that differs
+    from rank 0's, or None. A collective: every rank of ``group`` calls it.
+
+    Compares two fp64 checksums per parameter (sum and sum of squares) in one small
+    all-gather, on the parameters' own device (NCCL gathers only GPU tensors). Equal sums do
+    not prove equal weights, but a different seed, or replicas that drift apart, change them.
+    """
+    import torch.distributed as dist
+
+    named = list(model.named_parameters())
+    mine = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()]) for _, p in named])
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]  # (n_params, 2) each
+    dist.all_gather(everyone, mine, group=group)
+    everyone = [t.cpu() for t in everyone]
+    for rank, theirs in enumerate(everyone):
+        differs = (theirs != everyone[0]).any(dim=1).nonzero()
+        if len(differs):
+            i = differs[0].item()
+            return rank, named[i][0], theirs[i, 0].item(), everyone[0][i, 0].item()
+    return None
+
+
+def check_same_weights(model: nn.Module, group=None) -> None:
+    """Raise ``UserError`` unless every rank of ``group`` holds the same (unsharded) weights.
+
+    DDP broadcasts rank 0's weights when it wraps a model; ``fully_shard`` does not, and
+    does not compare them either: each rank keeps its own slice of whatever it built, and
+    ranks that built different weights train, without an error, a model none of them
+    built. Call it before sharding (a collective: every rank calls it); it compares
+    checksums (``first_differing_parameter``). Nothing to compare with one rank, or on the
+    meta device (no values yet).
+    """
+    import torch.distributed as dist
+
+    from distlab.errors import UserError
+
+    named = list(model.named_parameters())
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return
+    if any(p.is_meta for _, p in named):
+        return
+    differing = first_differing_parameter(model, group)
+    if differing:
+        rank, name, _, _ = differing
+        raise UserError(
+            f"rank {rank}'s {name!r} differs from rank 0's before sharding: build the model from the same "
+            "seed (or load the same weights) on every rank; fully_shard neither broadcasts nor checks them"
+        )
 
 
 @contextlib.contextmanager

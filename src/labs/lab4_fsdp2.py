@@ -10,8 +10,8 @@ Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces 
     # two nodes: run this same line on each (c10d numbers the nodes), HOST reachable from both
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
         --rdzv-endpoint=HOST:29500 --rdzv-id=lab4 src/labs/lab4_fsdp2.py --preset shakespeare
-    # without torchrun it is one process, holding the whole model; it can resume 2 ranks' checkpoint
-    python src/labs/lab4_fsdp2.py --preset tiny --micro-batch-size 4 --resume latest
+    # without torchrun it is one process that accumulates B / micro_batch_size micro-batches
+    python src/labs/lab4_fsdp2.py --preset tiny --micro-batch-size 4
 
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the
 trained weights, OUT/model.pt; with --checkpoint-every, OUT/checkpoints/step_NNNNNN.
@@ -34,12 +34,12 @@ from distlab.checkpoint import Checkpoints, load_plain_weights
 from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
 from distlab.errors import UserError
-from distlab.flops import FLOPS_FORMULA, device_name, flops_per_token, measured_peak_flops
+from distlab.flops import FLOPS_FORMULA, describe_mfu, device_name, flops_per_token, utilisation
 from distlab.memory import StepMemory, state_bytes
 from distlab.metrics import RunLog
 from distlab.model import GPT, PRESETS, count_parameters, preset
 from distlab.parallel import apply_fsdp, full_state_dict, no_gradient_sync
-from distlab.runtime import DTYPES, autocast, dist_env, init_distributed, pick_device, synchronize
+from distlab.runtime import DTYPES, dist_env, init_distributed, pick_device, synchronize
 
 
 @dataclass
@@ -56,13 +56,13 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this (0 turns clipping off)
     eval_every: int = 100  # validation loss every N steps, and always at the end
     eval_batches: int = 8  # batches averaged into one validation loss
-    dtype: str = "fp32"  # fp32, or bf16 compute (FSDP2 mixed precision; shards, reduction, AdamW stay fp32)
+    dtype: str = "fp32"  # fp32, or bf16 compute (FSDP2 MixedPrecisionPolicy, no autocast; shards, AdamW stay fp32)
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda
     seed: int = 1337  # model initialisation and the order of batches
     data: str = ""  # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
     init_from: str = ""  # start from these weights: a plain model.pt (lab outputs, or a converted checkpoint)
     out: str = "runs/lab4"  # directory for metrics.jsonl, summary.json and model.pt
-    checkpoint_every: int = 0  # save a sharded checkpoint to OUT/checkpoints every N steps (0: never)
+    checkpoint_every: int = 0  # save model, optimizer, step and RNG to OUT/checkpoints every N steps (0: never)
     keep_checkpoints: int = 3  # keep the newest N checkpoints, delete older ones (0: keep all)
     resume: str = ""  # go on from a checkpoint: its step_NNNNNN folder, latest, or auto (latest if any, else step 0)
     sample_chars: int = 200  # characters to sample from the trained model (0: none)
@@ -95,8 +95,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    # fused: one kernel for the whole update; measured ~5% faster per step than the
-    # default multi-tensor path on a 2-core CPU, and the faster path on GPUs too
+    # fused: one kernel for the whole update instead of the default (a loop over the tensors on a
+    # CPU, foreach kernels on a GPU); the single-device chapter times both on this model
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)
 
 
@@ -106,8 +106,7 @@ def evaluate(model, data, cfg, block_size, rank, world_size, device) -> float:
     total = torch.zeros((), device=device)
     for i in range(cfg.eval_batches):  # the same validation batches every time
         x, y = data.batch("val", i, cfg.batch_size, block_size, cfg.seed, rank, world_size, device)
-        with autocast(device, cfg.dtype):
-            _, loss = model(x, y)
+        _, loss = model(x, y)  # with --dtype bf16, FSDP2 computes in bf16 (its MixedPrecisionPolicy)
         total += loss.float()
     dist.all_reduce(total)  # sum over ranks (gloo has no AVG), so every rank logs the same mean
     mean = total / (cfg.eval_batches * world_size)
@@ -135,13 +134,12 @@ def main() -> None:
     model = GPT(model_cfg, seed=cfg.seed).to(device)
     if cfg.init_from:  # before any wrapper, while the keys and shapes are the plain model's
         load_plain_weights(model, cfg.init_from)
-    # every rank built the same weights (same seed): fully_shard keeps this rank's slice of each
+    # apply_fsdp first checks that every rank built the same weights: fully_shard neither broadcasts nor checks
     model = apply_fsdp(model, param_dtype=None if cfg.dtype == "fp32" else DTYPES[cfg.dtype])
-    # after fully_shard: it replaced each parameter by a new one holding a DTensor shard; an optimizer built
-    # before would hold the old full tensors, which never get a gradient, and update nothing FSDP uses
+    # the optimizer comes after: fully_shard replaced each parameter by a new one holding a DTensor shard
     optimizer = make_optimizer(model, cfg)
     checkpoints = Checkpoints(cfg, model, optimizer)
-    start_step = checkpoints.resume()  # with --resume: model, optimizer, RNG loaded (resharded), else 0
+    start_step = checkpoints.resume()  # with --resume: model, optimizer, RNG loaded, else 0
     if is_main:
         print(f"config: {asdict(cfg)}")
         print(f"model: {count_parameters(model):,} parameters, data: {corpus.source}, device: {device}")
@@ -174,11 +172,9 @@ def main() -> None:
             last = micro == accum_steps - 1
             # no sync: gradients accumulate unsharded on each rank; the last backward reduce-scatters their sum
             with contextlib.nullcontext() if last or cfg.sync_every_micro_batch else no_gradient_sync(model):
-                with autocast(device, cfg.dtype):
-                    _, micro_loss = model(xm, ym)
+                _, micro_loss = model(xm, ym)  # no autocast: the loss is fp32 (from logits.float())
                 (micro_loss / accum_steps).backward()  # the mean over micro-batches, as one batch
             loss += micro_loss.detach() / accum_steps
-        # over DTensor shards: each rank's sum of squares is all-reduced, so every rank clips by the global norm
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
         optimizer.step()
         if not state:  # every gradient and AdamW buffer exists now, and their sizes are fixed
@@ -214,7 +210,7 @@ def main() -> None:
         val_loss = evaluate(model, data, cfg, T, rank, world_size, device)
     tokens_per_s = tokens_per_step * timed_steps / (timed_seconds or math.nan)  # nan if no step ran
     flops = flops_per_token(model_cfg) * tokens_per_s / world_size  # per device
-    peak = measured_peak_flops(device, DTYPES[cfg.dtype])
+    mfu = utilisation(flops, device, DTYPES[cfg.dtype])  # of the matmul peak timed now, all ranks at once
     sample = ""
     weights = full_state_dict(model)  # every rank takes part; rank 0 gets the whole model, on the CPU
     if is_main and cfg.sample_chars:
@@ -246,8 +242,7 @@ def main() -> None:
         "flops_per_token": flops_per_token(model_cfg),
         "flops_formula": FLOPS_FORMULA,
         "achieved_flops_per_s": flops,
-        "peak_flops_per_s": peak,
-        "mfu": flops / peak,
+        **mfu,  # peak_flops_per_s, mfu (None above 1: that peak was no peak), the datasheet MFU on GPUs
         "data": corpus.source,
         "torch": torch.__version__,
         "config": asdict(cfg),
@@ -257,10 +252,7 @@ def main() -> None:
     log.close()
     if is_main:
         torch.save(weights, Path(cfg.out) / "model.pt")  # plain keys and tensors: lab 1 loads it
-        print(
-            f"tokens/s {tokens_per_s:,.0f}  MFU {flops / peak:.2f} of measured peak "
-            f"{peak / 1e9:,.0f} GFLOP/s  final loss {train_loss:.4f}  val {val_loss:.4f}"
-        )
+        print(f"tokens/s {tokens_per_s:,.0f}  {describe_mfu(mfu)}  final loss {train_loss:.4f}  val {val_loss:.4f}")
     # the model holds the group: freed after the group is destroyed, gloo can hang (book: Debugging)
     del model, checkpoints, memory  # each of them holds the model
     dist.destroy_process_group()  # the last reference, dropped here

@@ -1,10 +1,11 @@
 r"""Lab 6: lab 5 on Hugging Face Accelerate. The same file runs as one process, DDP or FSDP2.
 
-Accelerate starts the process group, wraps the model (DDP, or FSDP2 with --fsdp on GPUs),
-autocasts for bf16, skips gradient sync while micro-batches accumulate, and saves and loads
-the whole training state. On CPU ranks its FSDP plugin would quietly give DDP, so with
---fsdp the lab shards the model itself with fully_shard, and it checks after prepare that
-what trains is what was asked for (see the Accelerate chapter).
+Accelerate starts the process group, wraps the model in DDP (autocasting for bf16), skips
+gradient sync while micro-batches accumulate, and saves and loads the whole training state.
+With --fsdp the lab shards the model itself, checkpoint first, as lab 5 (bf16 from FSDP2's
+policy, no autocast): on GPUs prepare keeps those units; on CPU ranks, where Accelerate
+would quietly give DDP, it gets only the optimizer. After prepare the lab checks that what
+trains is what was asked for (see the Accelerate chapter).
 
 Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces one):
     torchrun --standalone --nproc-per-node=2 src/labs/lab6_accelerate.py --preset tiny
@@ -41,7 +42,7 @@ from distlab.checkpoint import load_plain_weights
 from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
 from distlab.errors import UserError
-from distlab.flops import FLOPS_FORMULA, device_name, flops_per_token, measured_peak_flops
+from distlab.flops import FLOPS_FORMULA, describe_mfu, device_name, flops_per_token, utilisation
 from distlab.memory import StepMemory, state_bytes
 from distlab.metrics import RunLog
 from distlab.model import GPT, PRESETS, count_parameters, preset
@@ -63,13 +64,13 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this (0 turns clipping off)
     eval_every: int = 100  # validation loss every N steps, and always at the end
     eval_batches: int = 8  # batches averaged into one validation loss
-    dtype: str = "fp32"  # fp32, or bf16 compute (Accelerate's autocast; FSDP2 mixed precision with --fsdp)
+    dtype: str = "fp32"  # fp32, or bf16 compute (Accelerate's autocast; with --fsdp FSDP2's policy, fp32 reduction)
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda
     seed: int = 1337  # model initialisation and the order of batches
     data: str = ""  # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
     init_from: str = ""  # start from these weights: a plain model.pt (lab outputs, or a converted checkpoint)
     out: str = "runs/lab6"  # directory for metrics.jsonl, summary.json and model.pt
-    fsdp: bool = False  # shard with FSDP2 (Accelerate's plugin on GPUs; fully_shard by hand on CPU)
+    fsdp: bool = False  # shard with FSDP2 (fully_shard, then Accelerate's FSDP2 mode on GPUs)
     checkpoint_every: int = 0  # accelerator.save_state to OUT/checkpoints every N steps (0: never)
     keep_checkpoints: int = 3  # keep the newest N checkpoints, delete older ones (0: keep all)
     resume: str = ""  # go on from a checkpoint: its step_NNNNNN folder, latest, or auto (latest if any, else step 0)
@@ -107,8 +108,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    # fused: one kernel for the whole update; measured ~5% faster per step than the
-    # default multi-tensor path on a 2-core CPU, and the faster path on GPUs too
+    # fused: one kernel for the whole update instead of the default (a loop over the tensors on a
+    # CPU, foreach kernels on a GPU); the single-device chapter times both on this model
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)
 
 
@@ -118,7 +119,7 @@ def evaluate(model, data, cfg, block_size, rank, world_size, device, accelerator
     losses = torch.zeros(cfg.eval_batches, device=device)
     for i in range(cfg.eval_batches):  # the same validation batches every time
         x, y = data.batch("val", i, cfg.batch_size, block_size, cfg.seed, rank, world_size, device)
-        _, loss = model(x, y)  # a prepared model autocasts its own forward
+        _, loss = model(x, y)  # bf16: prepare made DDP's forward autocast; FSDP2's policy casts
         losses[i] = loss.float()
     mean = accelerator.gather_for_metrics(losses).mean()  # every rank's losses: every rank logs one mean
     model.train()
@@ -149,11 +150,12 @@ def main() -> None:
         load_plain_weights(model, cfg.init_from)
     # checkpoint first, then shard: each FSDP unit is then a checkpointed block (see the chapter)
     model = apply_activation_checkpointing(model, cfg.ac, cfg.ac_every)
-    if cfg.fsdp and not accelerator.is_fsdp2:  # CPU: Accelerate has no FSDP here, so shard by hand
+    if cfg.fsdp:  # by hand on GPUs too: Accelerate's plugin would shard the block inside the checkpoint
         model = apply_fsdp(model, param_dtype=None if cfg.dtype == "fp32" else DTYPES[cfg.dtype])
-        optimizer = accelerator.prepare(make_optimizer(model, cfg))  # the model is not Accelerate's to wrap
-    else:  # DDP on N ranks, FSDP2 from the plugin on GPUs, or nothing on one process
-        # together: Accelerate's FSDP2 refuses them apart, and moves the optimizer onto the shards
+    if cfg.fsdp and not accelerator.is_fsdp2:  # CPU: no FSDP2 mode (prepare would wrap DDP round it)
+        optimizer = accelerator.prepare(make_optimizer(model, cfg))  # the model is not given to Accelerate
+    else:  # DDP on N ranks, nothing on one process; in FSDP2 mode (GPUs) prepare keeps our units
+        # together: Accelerate's FSDP2 mode refuses them apart (it maps the optimizer onto the shards)
         model, optimizer = accelerator.prepare(model, make_optimizer(model, cfg))
     strategy = check_strategy(model, accelerator, cfg.fsdp)  # never train with something other than asked
     checkpoints = AcceleratorCheckpoints(cfg, accelerator)
@@ -229,7 +231,7 @@ def main() -> None:
         val_loss = evaluate(model, data, cfg, T, rank, world_size, device, accelerator)
     tokens_per_s = tokens_per_step * timed_steps / (timed_seconds or math.nan)  # nan if no step ran
     flops = flops_per_token(model_cfg) * tokens_per_s / world_size  # per device
-    peak = measured_peak_flops(device, DTYPES[cfg.dtype])
+    mfu = utilisation(flops, device, DTYPES[cfg.dtype])  # of the matmul peak timed now, all ranks at once
     sample = ""
     weights = full_state_dict(model)  # every rank takes part; rank 0 gets the whole model, on the CPU
     if is_main and cfg.sample_chars:
@@ -261,8 +263,7 @@ def main() -> None:
         "flops_per_token": flops_per_token(model_cfg),
         "flops_formula": FLOPS_FORMULA,
         "achieved_flops_per_s": flops,
-        "peak_flops_per_s": peak,
-        "mfu": flops / peak,
+        **mfu,  # peak_flops_per_s, mfu (None above 1: that peak was no peak), the datasheet MFU on GPUs
         "data": corpus.source,
         "torch": torch.__version__,
         "config": asdict(cfg),
@@ -272,10 +273,7 @@ def main() -> None:
     log.close()
     if is_main:
         torch.save(weights, Path(cfg.out) / "model.pt")  # plain keys and tensors: lab 1 loads it
-        print(
-            f"tokens/s {tokens_per_s:,.0f}  MFU {flops / peak:.2f} of measured peak "
-            f"{peak / 1e9:,.0f} GFLOP/s  final loss {train_loss:.4f}  val {val_loss:.4f}"
-        )
+        print(f"tokens/s {tokens_per_s:,.0f}  {describe_mfu(mfu)}  final loss {train_loss:.4f}  val {val_loss:.4f}")
     # the model holds the group: freed after the group is destroyed, gloo can hang (book: Debugging)
     del memory  # it holds the model
     model, optimizer = accelerator.free_memory(model, optimizer)  # the accelerator's references too

@@ -1,6 +1,7 @@
 """The benchmark harness, the recorded results the Benchmarks chapter reads, and the run-logs CLI."""
 
 import json
+import os
 import shutil
 
 import matplotlib.pyplot as plt
@@ -11,6 +12,8 @@ from distlab.bench.report import RESULTS, recorded_results, targets
 from distlab.chapters import benchmarks as chapter
 from distlab.chapters.benchmarks import loss_agreement, run, scaling
 from distlab.cli import parse_config
+from distlab.flops import ISA_FLAGS
+from distlab.infra.paths import REPO_ROOT
 from distlab.tools import runs
 
 
@@ -44,6 +47,10 @@ def test_the_harness_runs_every_lab_on_one_workload_and_they_train_the_same_mode
     assert json.loads((folder / "result.json").read_text()) == result
     assert result["schema"] == bench.SCHEMA
     assert set(result["provenance"]) >= {"machine", "cpu_count", "torch", "commit", "date", "command"}
+    # what decides matmul speed, and how busy the machine was, from start to end
+    prov = result["provenance"]
+    assert set(prov["cpu_flags"]) == set(ISA_FLAGS) and prov["cpu_capability"]
+    assert len(prov["load_average"]) == len(prov["load_average_at_end"]) == 3 and prov["finished"] >= prov["date"]
     assert [(r["lab"], r["world_size"]) for r in result["runs"]] == [
         ("lab1_single", 1),
         ("lab2_ddp", 2),
@@ -55,7 +62,12 @@ def test_the_harness_runs_every_lab_on_one_workload_and_they_train_the_same_mode
     for r in result["runs"]:
         assert "error" not in r, r
         assert r["config"]["preset"] == "tiny" and r["config"]["batch_size"] == 8 and r["config"]["steps"] == 4
-        assert len(r["losses"]) == 4 and r["tokens_per_s"] > 0 and 0 < r["mfu"]
+        assert len(r["losses"]) == 4 and r["tokens_per_s"] > 0 and 0 < r["mfu"] <= 1
+        # each run timed its peak with its own threads, all its ranks at once
+        n = r["world_size"]
+        threads = int(os.environ.get("OMP_NUM_THREADS", max(1, os.cpu_count() // n)))
+        assert r["peak_measured_with"] == {"threads_per_rank": threads, "ranks_at_once": n}
+        assert chapter.threads_per_rank(r) == threads
         peak = r["peak_bytes_by_kind"]
         assert peak["total"] == sum(v for k, v in peak.items() if k != "total") > 0
         assert r["command"].startswith(f"torchrun --nproc-per-node={r['world_size']} src/labs/{r['lab']}.py")
@@ -185,6 +197,10 @@ def test_the_runs_table_shows_each_recorded_run_and_stars_oversubscribed_ones(re
         assert row["ranks"] == (f"{r['world_size']}*" if r["world_size"] > cores else str(r["world_size"]))
         if "error" not in r:
             assert row["tokens/s"] == f"{r['tokens_per_s']:,.0f}" and row["MFU"] == f"{r['mfu']:.2f}"
+    unrecorded = {**recorded["runs"][0], "mfu": None}  # a run whose MFU came out above 1
+    assert chapter.runs_table({**recorded, "runs": [unrecorded]})[0]["MFU"] == "-"
+    goals = {row["goal"]: row for row in targets({**recorded, "runs": [unrecorded, *recorded["runs"][1:]]})}
+    assert goals["lab 1 MFU"]["met"] is None and "above 1" in goals["lab 1 MFU"]["missing"]
     spreads = [max(r["tokens_per_s_repeats"]) / min(r["tokens_per_s_repeats"]) - 1 for r in recorded["runs"]]
     assert chapter.repeat_spread(recorded) == max(spreads) >= 0
 
@@ -222,6 +238,25 @@ def test_loss_agreement_goal_table_and_a_missing_run():
     assert loss_agreement({"runs": runs[1:]}) == {}  # nothing to compare with
     rows = chapter.goal_table([{"goal": "g", "compared": "c", "target": ">= 1", "measured": None, "met": None}])
     assert rows == [{"goal": "g", "compared": "c", "target": ">= 1", "measured": "not measured", "": "-"}]
+
+
+def test_no_recorded_mfu_exceeds_one():
+    """An MFU above 1 means the peak it was divided by was no peak: no result may record one."""
+
+    def mfus(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key.startswith("mfu"):
+                    yield from (value if isinstance(value, list) else [value])
+                else:
+                    yield from mfus(value)
+        elif isinstance(node, list):
+            for item in node:
+                yield from mfus(item)
+
+    for path in sorted((REPO_ROOT / "results").rglob("*.json")):
+        found = [m for m in mfus(json.loads(path.read_text())) if m is not None]
+        assert all(0 < m <= 1 for m in found), (path.name, found)
 
 
 def test_runs_cli_prints_what_the_runs_module_lists(smoke):

@@ -10,18 +10,21 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
 from distlab.bench.labs import load_lab
-from distlab.checkpoint import inspect_checkpoint, latest, load_plain_weights
+from distlab.checkpoint import TrainingState, inspect_checkpoint, latest, load_plain_weights
 from distlab.errors import UserError
 from distlab.infra.experiment import gpt
 from distlab.infra.launch import run_ranks
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import GPT, preset
+from distlab.parallel import apply_fsdp
 from support.labs import run_lab
 from support.labs import torchrun as torchrun_lab
 
@@ -282,3 +285,16 @@ def test_the_chapter_reads_what_dcp_wrote_and_where(never_stopped):
     groups, state, params = checkpoint_groups(step5), model.state_dict(), list(model.parameters())
     assert groups["model"] == (len(state), sum(4 * t.numel() for t in state.values()))  # the tied head too
     assert groups["optim.state"] == (3 * len(params), 8 * sum(p.numel() for p in params) + 4 * len(params))
+
+
+def _save_into_a_folder_per_rank(root: str) -> list[str]:
+    """Lab 4's state saved by DCP with a folder per rank (as local disks would be): what each rank wrote."""
+    model, rank = apply_fsdp(gpt("tiny", seed=0)), torch.distributed.get_rank()
+    folder = Path(root) / f"rank{rank}"
+    dcp.save({"app": TrainingState(model, torch.optim.AdamW(model.parameters()), rank)}, checkpoint_id=folder)
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_every_rank_writes_its_own_shard_file_and_rank_0_also_the_index(tmp_path):
+    files = run_ranks(_save_into_a_folder_per_rank, nprocs=2, args=(str(tmp_path),), quiet=True)
+    assert files == [[".metadata", "__0_0.distcp"], ["__1_0.distcp"]]  # rank 0 writes a shard too

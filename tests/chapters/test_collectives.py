@@ -11,6 +11,7 @@ from distlab.exercises import check_all_reduce
 from distlab.infra.launch import RankFailed, run_ranks
 from distlab.scratch.collectives import (
     blocking_ring_send_first,
+    model_time,
     parity_ring_exchange,
     ring_all_reduce,
     ring_bytes_sent_per_rank,
@@ -155,16 +156,27 @@ def three_ranks():
 def test_the_five_demos_do_what_the_page_says(three_ranks):
     from distlab.chapters.collectives import DEMOS, before_after_table
 
-    after = {demo.__name__: [ranks[0][i]["after"] for ranks in three_ranks] for i, demo in enumerate(DEMOS)}
+    after = {demo.__name__: [ranks[0]["demos"][i]["after"] for ranks in three_ranks] for i, demo in enumerate(DEMOS)}
     assert after["broadcast"] == [[1, 2, 3]] * 3  # rank 0's data everywhere
     assert after["all_reduce"] == [[111, 222, 333]] * 3  # the digits name the ranks summed
     assert after["reduce_scatter"] == [[111], [222], [333]]  # rank r: element r of the sum
     assert after["all_gather"] == [[1, 10, 100]] * 3
-    left = [float(ranks[0][4]["after"].split()[2]) for ranks in three_ranks]
+    left = [float(ranks[0]["demos"][4]["after"].split()[2]) for ranks in three_ranks]
     assert min(left) >= 0.39  # nobody leaves the barrier before the last rank (0.4 s late) arrives
-    table = before_after_table("all_reduce", [ranks[0][1] for ranks in three_ranks])
+    table = before_after_table("all_reduce", [ranks[0]["demos"][1] for ranks in three_ranks])
     assert table.splitlines()[0] == "all_reduce" and table.splitlines()[2].startswith("rank 0  [1, 2, 3]")
     assert [ranks[1] for ranks in three_ranks] == [2, 0, 1]  # exchange_ranks: the left neighbour's rank
+
+
+def test_gloo_averages_floats_refuses_int_averages_and_premul_sum(three_ranks):
+    """torch 2.13's ReduceOp docstring says AVG is NCCL-only; gloo has it (a sum, then a division)."""
+    for ranks in three_ranks:
+        ops = ranks[0]["reduce_ops"]
+        assert ops["SUM", "torch.int64"] == [111, 222, 333]
+        assert ops["AVG", "torch.float32"] == [37.0, 74.0, 111.0]  # (1 + 10 + 100) / 3, ...
+        assert "can't be cast to the desired output type Long" in ops["AVG", "torch.int64"]
+        assert ops["PREMUL_SUM(0.5)", "torch.float32"] == "Cannot use ReduceOp.PREMUL_SUM with Gloo"
+    assert "``AVG`` is only available with the ``NCCL`` backend" in dist.ReduceOp.__doc__  # the page quotes it
 
 
 def test_time_collectives_times_every_size_and_both_halves(three_ranks):
@@ -183,7 +195,7 @@ def test_time_collectives_times_every_size_and_both_halves(three_ranks):
 
 
 def test_summarise_timings_recovers_the_alpha_beta_model_it_fits():
-    from distlab.chapters.collectives import model_time, summarise_timings
+    from distlab.chapters.collectives import summarise_timings
 
     n, alpha, bandwidth = 4, 50e-6, 2e9
     sizes = [1024, 4096, 16384, 2**24]

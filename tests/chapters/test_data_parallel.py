@@ -5,11 +5,13 @@ import pytest
 import torch
 import torch.nn as nn
 
+from distlab.chapters import data_parallel as chapter
 from distlab.chapters.data_parallel import STRATEGIES, backward_threads, train_steps
 from distlab.data import token_data
 from distlab.infra import experiment
 from distlab.model import GPT, preset
-from distlab.scratch.data_parallel import ScratchDataParallel, gather, replicate, scatter
+from distlab.scratch.data_parallel import ScratchDataParallel, SequentialDataParallel, gather, replicate, scatter
+from support.edge_models import EDGE_MODELS, assert_same_grads, build, grads, loss_of, reference, sgd_step, shard
 
 CPU = torch.device("cpu")
 
@@ -140,6 +142,54 @@ def test_gather_stacks_scalars_and_concatenates_the_rest():
     assert out[1].tolist() == [1.0, 2.0]
 
 
+def test_ddp_broadcasts_buffers_before_each_synchronised_forward_not_once():
+    from distlab.infra.launch import run_ranks
+
+    per_rank = run_ranks(chapter.ddp_buffer_broadcasts, nprocs=2, init_group=False, quiet=True, timeout=120)
+    default, off = (per_rank[0][f"forward_sync_buffers={sync}"] for sync in (True, False))
+    assert [r["call"] for r in default] == ["construction", *chapter.FORWARDS]
+    # none before the forward that follows a no_grad or no_sync forward
+    assert [r["of the buffer"] for r in default] == [0, 1, 1, 1, 1, 0, 0, 1, 1, 0]
+    assert [r["of the buffer"] for r in off] == [0] * len(off)
+    # rank 1 adds 2 per forward and rank 0 adds 1: a broadcast resets the gap to one forward's
+    gaps = {
+        key: [b["buffer"] - a["buffer"] for a, b in zip(rows, per_rank[1][key])] for key, rows in per_rank[0].items()
+    }
+    assert gaps["forward_sync_buffers=True"] == [0, 1, 1, 1, 1, 2, 3, 1, 1, 2]
+    assert gaps["forward_sync_buffers=False"] == list(range(10))
+
+
+def test_dataparallel_traffic_sends_each_byte_once_per_link():
+    from distlab.scratch.collectives import ring_bytes_sent_per_rank
+
+    P, B, T, V = 1_000_000, 8, 16, 100
+    in_module = chapter.dataparallel_traffic(P, B, T, V, 4, logits_to_gpu0=False)
+    assert in_module["DataParallel GPU 0 sends"] == in_module["DataParallel GPU 0 receives"] == 4 * P  # any N
+    assert in_module["DDP each GPU sends"] == pytest.approx(ring_bytes_sent_per_rank(P, 4, 4))
+    on_gpu0 = chapter.dataparallel_traffic(P, B, T, V, 4, logits_to_gpu0=True)
+    assert on_gpu0["DataParallel GPU 0 receives"] == pytest.approx(4 * P + 3 / 4 * 4 * B * T * V)
+    # the mechanisms the model rests on, in the installed torch: one autograd node broadcasts every
+    # parameter (its backward is one reduce), the reduce is NCCL's, and autocast's dtype is not passed on
+    import importlib
+    import inspect
+
+    def source(module):  # torch.nn.parallel's functions shadow the modules of the same name
+        return inspect.getsource(importlib.import_module(f"torch.nn.parallel.{module}"))
+
+    assert "Broadcast.apply(devices, *tensors)" in source("replicate")
+    assert "nccl.reduce(inputs, output=result, root=root_index)" in source("comm")
+    assert "torch.amp.autocast(device_type, enabled=autocast_enabled)" in source("parallel_apply")
+
+
+def test_dataparallel_pitfalls_the_cpu_can_show():
+    assert chapter.used_gpus(5, 4) == [2, 2, 1]  # the fourth GPU gets no rows
+    assert chapter.replica_attribute_update() == {"replica.calls": 1, "original.calls": 0}
+    thread_dtypes = chapter.autocast_dtype_in_a_thread("cpu", torch.float16)
+    assert thread_dtypes == {"calling thread": "torch.float16", "replica thread": "torch.bfloat16"}
+    assert chapter.unpacked_lengths([7, 5, 3, 2], 2) == [(2, 7, 4), (2, 3, 4)]
+    assert chapter.unpacked_lengths([7, 5, 3, 2], 2, total_length=7) == [(2, 7, 4)] * 2
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU behaviour of nn.DataParallel")
 def test_torch_dataparallel_without_gpus_calls_the_module_once(data):
     model = GPT(preset("tiny", vocab_size=data.tokenizer.vocab_size), seed=0)
@@ -181,3 +231,33 @@ def test_the_comparison_recorder_refuses_bad_workloads(capsys):
         with pytest.raises(SystemExit):
             main(argv)
     assert "--global-batch must be even" in capsys.readouterr().err
+
+
+# ---- models that break wrappers written for one model (tests/support/edge_models.py)
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+@pytest.mark.parametrize("wrapper", [ScratchDataParallel, SequentialDataParallel])
+@pytest.mark.parametrize("name", list(EDGE_MODELS))
+def test_edge_case_models_train_as_one_process_on_the_same_chunks(name, wrapper, replicas):
+    """Frozen, unused, data-dependent, tied, BatchNorm: 3 steps give one process's gradients
+    (None where no chunk reached a parameter) and parameters. Buffers follow torch's
+    DataParallel: only replica 0's in-place updates reach the original, from its chunk."""
+    model, buffers_from_chunk_0 = build(name), build(name)
+    dp = wrapper(model, [CPU] * replicas)
+    per_step = []
+    for step in range(3):
+        model.zero_grad(set_to_none=True)
+        chunks = [shard(r, replicas, step) for r in range(replicas)]
+        with torch.no_grad():  # what torch's replica 0 does to the original's buffers, and nothing else
+            buffers_from_chunk_0.load_state_dict(model.state_dict())
+            buffers_from_chunk_0(chunks[0])
+        loss_of(dp(torch.cat(chunks))).backward()  # equal chunks: the mean of the chunks' means
+        per_step.append(grads(model))
+        for mine, theirs in zip(model.buffers(), buffers_from_chunk_0.buffers(), strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+        sgd_step(model)
+    one_process = reference(name, replicas)
+    assert_same_grads(per_step, one_process["grads"], what=f"{wrapper.__name__} {name}")
+    for mine, theirs in zip(model.parameters(), one_process["params"], strict=True):
+        torch.testing.assert_close(mine.detach(), theirs, rtol=1e-5, atol=1e-6)

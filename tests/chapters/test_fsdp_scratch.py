@@ -11,14 +11,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distlab.chapters.fsdp_scratch import VARIANTS, compare, gathered_bytes
+from distlab.chapters.fsdp_scratch import VARIANTS, compare, gathered_bytes, gathered_units, second_model
 from distlab.data import token_data
 from distlab.exercises import check_bf16_unit, check_sgd_exposes_missing_division
 from distlab.infra.experiment import gpt, train
 from distlab.infra.launch import run_ranks
 from distlab.memory import state_bytes
-from distlab.model import GPT, count_parameters
-from distlab.scratch.fsdp import FlatShardUnit, shard_model, unit_parameters
+from distlab.model import GPT, Block, count_parameters
+from distlab.parallel import apply_fsdp
+from distlab.scratch.fsdp import FlatShardUnit, shard_model
+from distlab.scratch.fsdp_units import unit_parameters
 from support.exercises import passes
 
 SEED = 1337
@@ -30,7 +32,7 @@ def tiny_gpt() -> GPT:
 
 def unit_numels() -> dict[str, int]:
     """Parameters per unit of the tiny GPT (the tied head counted once)."""
-    return {name: sum(p.numel() for p in slots) for name, _, slots in unit_parameters(tiny_gpt())}
+    return {name: sum(p.numel() for p in slots) for name, _, slots in unit_parameters(tiny_gpt(), {Block})}
 
 
 def shard_checks(global_batch: int, group=None) -> dict:
@@ -48,7 +50,7 @@ def shard_checks(global_batch: int, group=None) -> dict:
     out = {"gathered": {}}
     for keep in (False, True):  # reshard_after_forward=False, then True (checked below)
         model, trace = tiny_gpt(), []
-        fsdp = shard_model(model, reshard_after_forward=not keep, trace=trace, group=group)
+        fsdp = shard_model(model, {Block}, reshard_after_forward=not keep, trace=trace, group=group)
         tied = []  # in forward the head's weight is the embedding's: one view of the root
 
         def head_is_embedding(module, args, tied=tied, model=model):  # bound: this iteration's
@@ -66,7 +68,7 @@ def shard_checks(global_batch: int, group=None) -> dict:
         "unset": model.wte.weight is None and model.blocks[0].mlp.fc.weight is None,
     }
     out["grads"] = {}
-    for unit, (name, _, slots) in zip(fsdp.units, unit_parameters(reference)):
+    for unit, (name, _, slots) in zip(fsdp.units, unit_parameters(reference, {Block})):
         flat = torch.cat([p.grad.reshape(-1) for p in slots] + [torch.zeros(unit.padding)])
         expected = flat.chunk(n)[rank]
         out["grads"][name] = {
@@ -80,9 +82,33 @@ def shard_checks(global_batch: int, group=None) -> dict:
     return out
 
 
+def gpt_bf16_vs_fully_shard() -> float:
+    """compute_dtype=bf16 against FSDP2's MixedPrecisionPolicy(bf16, reduce fp32): one step's
+    largest relative gradient difference (the same bf16 kernels on the same bf16 weights)."""
+    from distlab.chapters.fsdp_scratch import reassembled_gradients
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x, y = token_data().batch("train", 0, 8, 64, SEED, rank, n)
+    reference, model = apply_fsdp(tiny_gpt(), param_dtype=torch.bfloat16), tiny_gpt()
+    reference(x, y)[1].backward()
+    fsdp = shard_model(model, {Block}, compute_dtype=torch.bfloat16)
+    seen = []  # the weight dtype block 0's qkv really computes with
+    model.blocks[0].attn.qkv.register_forward_pre_hook(lambda m, args: seen.append(m.weight.dtype))
+    model(x, y)[1].backward()
+    assert seen == [torch.bfloat16] and all(u.shard.dtype == u.shard.grad.dtype == torch.float32 for u in fsdp.units)
+    ours = reassembled_gradients(fsdp)
+    plain = tiny_gpt()  # its parameter order is FSDP2's; unit_parameters' order is ours
+    position = {p: i for i, p in enumerate(plain.parameters())}
+    want = [p.grad.full_tensor() for p in reference.parameters()]
+    order = [p for _, _, slots in unit_parameters(plain, {Block}) for p in slots]
+    return max(((g - want[position[p]]).norm() / want[position[p]].norm()).item() for g, p in zip(ours, order))
+
+
 def everything_on_each_rank(steps: int, global_batch: int) -> dict:
     out = {"checks": shard_checks(global_batch)}
     out.update({strategy: r["losses"] for strategy, r in compare(steps, global_batch).items()})
+    if dist.get_world_size() == 2:
+        out |= {"second": second_model(5), "gathered": gathered_units(), "gpt_bf16": gpt_bf16_vs_fully_shard()}
     if dist.get_world_size() == 4:
         three = dist.new_group([0, 1, 2])  # every rank must take part in creating it
         if dist.get_rank() < 3:
@@ -106,7 +132,7 @@ def check_shards(checks: dict, nprocs: int, single_bytes: dict) -> None:
     assert state["total"] <= single_bytes["total"] / nprocs + 16 * nprocs * len(numels)
     # ZeRO-3: when forward ends only the root (needed first by backward) is gathered;
     # during backward at most the root and one block; after backward nothing at all
-    root, block = 4 * padded["root"], 4 * padded["block 0"]
+    root, block = 4 * padded["root"], 4 * padded["blocks.0"]
     resharded, kept = checks["gathered"][False], checks["gathered"][True]
     assert resharded["end_of_forward"] == root
     assert resharded["backward_max"] == root + block
@@ -162,6 +188,36 @@ def test_padding_when_the_world_size_does_not_divide_a_unit(sharded_runs, single
         check_shards(result["three_ranks"], 3, single_process["state_bytes"])
 
 
+def test_a_second_model_with_its_own_block_class_trains_like_one_process_and_fully_shard(sharded_runs):
+    """A conv net, units {ConvBlock}: fp32 equals one process and FSDP2; bf16 compute equals FSDP2's."""
+    for result in sharded_runs(2):
+        runs = result["second"]
+        single = runs["one process"]["losses"]
+        assert runs["scratch"]["losses"] == pytest.approx(single, rel=1e-5)
+        assert runs["fully_shard"]["losses"] == pytest.approx(single, rel=1e-5)
+        assert runs["scratch"]["grad_rel_diff"] < 1e-5 and runs["fully_shard"]["grad_rel_diff"] < 1e-5
+        # bf16 compute, fp32 shards and reduction: the same as FSDP2's policy, visibly not fp32
+        assert runs["scratch bf16"]["losses"] == pytest.approx(runs["fully_shard bf16"]["losses"], rel=1e-4)
+        assert 1e-4 < runs["scratch bf16"]["grad_rel_diff"] < 3e-2
+        assert runs["scratch bf16"]["grad_rel_diff"] == pytest.approx(
+            runs["fully_shard bf16"]["grad_rel_diff"], rel=0.1
+        )
+        # and on the GPT: the same bf16 gradients as apply_fsdp(param_dtype=bf16)
+        assert result["gpt_bf16"] < 1e-3
+
+
+def test_fully_shard_prefetches_the_next_unit_in_backward_and_ours_does_not(sharded_runs):
+    log = sharded_runs(2)[0]["gathered"]
+    for wrapper, events in log.items():
+        for where, states in events:
+            i = int(where.rsplit(".", 1)[1])
+            gathered = {name for name, state in states.items() if state == "gathered"}
+            assert gathered == {f"blocks.{i}", "root"}, (wrapper, where, states)  # one block, and the root
+            waiting = {name for name, state in states.items() if state == "all-gathered, waiting"}
+            prefetched = wrapper == "fully_shard" and where.startswith("backward") and i > 0
+            assert waiting == ({f"blocks.{i - 1}"} if prefetched else set()), (wrapper, where, states)
+
+
 # ---------------------------------------------------------------- FSDP from scratch, exercises 3 and 4
 class SummingUnit(FlatShardUnit):
     def _post_backward(self, full):
@@ -191,43 +247,29 @@ def test_sgd_missing_division_checker(capsys):
         check_sgd_exposes_missing_division(sgd, "SummingUnit")
 
 
-class Bf16Unit(FlatShardUnit):
-    def __init__(self, *args):
-        super().__init__(*args)
-        # a bf16 leaf in place of the fp32 one: all-gathered and computed in bf16
-        self.full = torch.empty(self.full.numel(), dtype=torch.bfloat16, device=self.shard.device, requires_grad=True)
-        self.full.untyped_storage().resize_(0)
-        self.full.register_post_accumulate_grad_hook(self._post_backward)
-
-    def gather(self):
-        storage = self.full.untyped_storage()
-        if storage.nbytes() > 0:
-            return
-        storage.resize_(self.full.numel() * self.full.element_size())
-        dist.all_gather_single(self.full.data, self.shard.data.to(torch.bfloat16), group=self.group)
-
+class Bf16ReduceUnit(FlatShardUnit):
     def _post_backward(self, full):
-        shard_grad = torch.empty_like(self.shard)  # fp32
-        dist.reduce_scatter_single(shard_grad, full.grad.float(), group=self.group)
-        shard_grad.div_(dist.get_world_size(self.group))
+        shard_grad = torch.empty(self.shard.numel(), dtype=torch.bfloat16, device=self.shard.device)
+        dist.reduce_scatter_single(shard_grad, full.grad, group=self.group)  # bf16 in, bf16 sums
+        shard_grad = shard_grad.float().div_(dist.get_world_size(self.group))
         self.shard.grad = shard_grad if self.shard.grad is None else self.shard.grad + shard_grad
         full.grad = None
         self.free()
 
 
-class Bf16UnitWithoutDivision(Bf16Unit):
+class Bf16ReduceUnitWithoutDivision(FlatShardUnit):
     def _post_backward(self, full):
-        shard_grad = torch.empty_like(self.shard)
-        dist.reduce_scatter_single(shard_grad, full.grad.float(), group=self.group)
-        self.shard.grad = shard_grad
+        shard_grad = torch.empty(self.shard.numel(), dtype=torch.bfloat16, device=self.shard.device)
+        dist.reduce_scatter_single(shard_grad, full.grad, group=self.group)
+        self.shard.grad = shard_grad.float()
         full.grad = None
         self.free()
 
 
 @pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
 def test_bf16_unit_checker(capsys):
-    assert "MixedPrecisionPolicy" in passes(check_bf16_unit, Bf16Unit, capsys=capsys)
-    with pytest.raises(AssertionError, match="computed with .*float32.* weights; expected bfloat16"):
-        check_bf16_unit(FlatShardUnit, (2,))  # the chapter's unit: all fp32
-    with pytest.raises(AssertionError, match="differs from FSDP2's mixed precision by .* missing division"):
-        check_bf16_unit(Bf16UnitWithoutDivision, (2,))
+    assert "reduce-scatters in bfloat16" in passes(check_bf16_unit, Bf16ReduceUnit, capsys=capsys)
+    with pytest.raises(AssertionError, match=r"reduce-scattered \['torch.float32'\] gradients"):
+        check_bf16_unit(FlatShardUnit, (2,))  # the chapter's unit reduces in fp32
+    with pytest.raises(AssertionError, match="differs from FSDP2's bf16 reduction by .* missing division"):
+        check_bf16_unit(Bf16ReduceUnitWithoutDivision, (2,))

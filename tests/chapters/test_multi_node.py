@@ -210,3 +210,22 @@ def test_the_batch_script_trains_lab_2_on_emulated_nodes(tmp_path):
         "--out",
         str(tmp_path / "run"),
     ]  # lab options as given
+
+
+# ---------------------------------------------------------------- --out on every node's own disk
+def test_an_out_folder_that_is_not_shared_saves_without_error_and_cannot_be_resumed(tmp_path):
+    from distlab.chapters.checkpoints import save_on_local_disks
+    from distlab.checkpoint import inspect_checkpoint
+    from distlab.errors import UserError
+
+    saved = save_on_local_disks(tmp_path)
+    assert [node["returncode"] for node in saved.values()] == [0, 0], [node["stderr"] for node in saved.values()]
+    assert sorted(node["rank"] for node in saved.values()) == [0, 1]
+    by_rank = {node["rank"]: node for node in saved.values()}
+    # rank 0 wrote its own shard and the index into the folder it sees; rank 1 its shard into its own
+    assert {path for path, _ in by_rank[0]["files"]} == {
+        f"checkpoints/step_000002/{name}" for name in (".metadata", "__0_0.distcp", "train_state.json")
+    }
+    assert [path for path, _ in by_rank[1]["files"]] == ["checkpoints/step_000002.partial/__1_0.distcp"]
+    with pytest.raises(UserError, match=r"__1_0\.distcp is missing: the checkpoint is incomplete"):
+        inspect_checkpoint(by_rank[0]["out"] / "checkpoints" / "step_000002")  # --resume's first check

@@ -6,10 +6,15 @@ import math
 
 import matplotlib.pyplot as plt
 import pytest
+import torch
+from torch.optim.optimizer import _default_to_fused_or_foreach
 
 from distlab.chapters.single_device import (
+    ISA_MEANING,
     MB,
     activation_table,
+    adamw_step_seconds,
+    attention_kernel,
     counted_flops_per_token,
     memory_figure,
     mfu_figure,
@@ -17,7 +22,7 @@ from distlab.chapters.single_device import (
     parameter_table,
     run_lab1,
 )
-from distlab.flops import flops_per_token, matmul_parameters
+from distlab.flops import ISA_FLAGS, flops_per_token, matmul_parameters
 from distlab.model import GPT, preset
 
 
@@ -69,10 +74,37 @@ def test_run_lab1_reports_mfu_as_achieved_over_the_measured_peak(tmp_path):
     assert s["dtype"] == "fp32" and s["tokens_per_s"] > 0 and (tmp_path / "fp32" / "summary.json").is_file()
     # 6N + attention FLOPs per token, times tokens/s, over the peak the run measured
     assert s["achieved_flops_per_s"] == pytest.approx(flops_per_token(preset("tiny")) * s["tokens_per_s"])
-    assert s["mfu"] == pytest.approx(s["achieved_flops_per_s"] / s["peak_flops_per_s"])
+    assert s["mfu"] == pytest.approx(s["achieved_flops_per_s"] / s["peak_flops_per_s"]) and 0 < s["mfu"] <= 1
+    # the peak was timed in the lab's own process, with its threads, at the end of the run
+    assert s["peak_measured_with"] == {"threads_per_rank": torch.get_num_threads(), "ranks_at_once": 1}
+    assert s["datasheet_peak"] is None and s["mfu_of_datasheet_peak"] is None  # a CPU has no datasheet row
     fig = mfu_figure(results, "tiny")
     assert [bar.get_width() for bar in fig.axes[0].patches] == [s["mfu"]]
     plt.close(fig)
+
+
+def test_an_mfu_that_was_not_recorded_shows_as_such_not_as_zero():
+    results = {"fp32": {"mfu": None, "tokens_per_s": 1000.0}}
+    fig = mfu_figure(results, "t")
+    assert [bar.get_width() for bar in fig.axes[0].patches] == [0.0]
+    assert "MFU not recorded" in fig.axes[0].texts[0].get_text()
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_runs_the_cpu_flash_kernel_in_fp32_and_bf16(dtype):
+    assert attention_kernel(preset("tiny"), dtype) == "ScaledDotProductFlashAttentionForCpuBackward0"
+
+
+def test_fused_adamw_against_the_default_which_on_a_cpu_is_neither_fused_nor_foreach():
+    params = list(GPT(preset("tiny")).parameters())
+    assert _default_to_fused_or_foreach(params, differentiable=False, use_fused=False) == (False, False)
+    seconds = adamw_step_seconds(preset("tiny"), repeats=3)
+    assert set(seconds) == {"default", "fused"} and all(s > 0 for s in seconds.values())
+
+
+def test_every_recorded_cpu_flag_has_its_meaning_on_the_page():
+    assert set(ISA_MEANING) == set(ISA_FLAGS)
 
 
 def test_memory_figure_stacks_the_four_parts_end_to_end():

@@ -149,6 +149,6 @@ def test_fsdp_on_one_process_is_refused_with_one_line(tmp_path):
 def test_fsdp_checkpoints_on_cpu_are_refused(option):
     """Accelerate's save_state would save no model and rank 0's half of the optimizer."""
     cfg = SimpleNamespace(**{"fsdp": True, "checkpoint_every": 0, "resume": "", **option})
-    with pytest.raises(UserError, match="save_state cannot save a model sharded outside Accelerate"):
+    with pytest.raises(UserError, match="save_state cannot save a model Accelerate was not given"):
         check_fsdp_request(cfg, 2, torch.device("cpu"))
     check_fsdp_request(SimpleNamespace(fsdp=False, checkpoint_every=5, resume=""), 2, torch.device("cpu"))

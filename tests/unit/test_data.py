@@ -122,7 +122,7 @@ def test_lab1_trains_offline_on_a_fresh_machine(fresh_machine, tmp_path):
     summary = read_summary(tmp_path / "out")
     assert summary["data"] == PACKAGED_SOURCE
     assert summary["parameters"] == count_parameters(gpt("tiny", seed=0))
-    assert (tmp_path / "home" / ".cache" / "distlab" / "peak_flops.json").exists()  # the peak cache, in $HOME
+    assert not (tmp_path / "home" / ".cache").exists()  # nothing kept in $HOME: the peak is timed in every run
 
 
 def test_a_readers_own_corpus_trains_with_its_own_vocabulary(fresh_machine, tmp_path):

@@ -1,9 +1,13 @@
+import time
+
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from distlab import flops
 from distlab.flops import flops_per_token, matmul_parameters, measured_peak_flops
+from distlab.infra.launch import run_ranks
 from distlab.memory import activation_bytes_formula, adamw_state_bytes_formula, saved_activation_bytes, state_bytes
 from distlab.model import GPT, PRESETS, count_parameters, preset
 
@@ -14,6 +18,18 @@ def test_activation_formula_matches_saved_tensors_to_the_byte(name, batch):
     idx, targets = torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size))
     measured = saved_activation_bytes(GPT(cfg), idx, targets)
     assert measured == activation_bytes_formula(cfg, batch, cfg.block_size)["total"]
+
+
+@pytest.mark.parametrize("name,batch", [("tiny", 4), ("tiny", 7)])
+def test_activation_formula_with_bf16_parameters_matches_saved_tensors_to_the_byte(name, batch):
+    """FSDP2's param_dtype=bf16: every activation bf16 except attention's log-sum-exp and the
+    log-softmax of logits.float(), which stay fp32."""
+    cfg = preset(name)
+    idx, targets = torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size))
+    measured = saved_activation_bytes(GPT(cfg).to(torch.bfloat16), idx, targets)
+    assert measured == activation_bytes_formula(cfg, batch, cfg.block_size, value_bytes=2)["total"]
+    with pytest.raises(ValueError, match="value_bytes is 4 .fp32. or 2 .bf16."):
+        activation_bytes_formula(cfg, batch, cfg.block_size, value_bytes=1)
 
 
 def test_bf16_autocast_saves_fewer_activation_bytes():
@@ -55,10 +71,73 @@ def test_matmul_parameters_leave_out_position_embeddings_and_small_vectors():
     assert matmul_parameters(cfg) == 6 * 12 * 384**2 + 65 * 384
 
 
-def test_peak_flops_is_measured_once_then_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("DISTLAB_CACHE", str(tmp_path))
+def test_the_peak_is_timed_in_every_run_and_left_on_no_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("DISTLAB_CACHE", str(tmp_path / "cache"))
     cpu = torch.device("cpu")
-    first = measured_peak_flops(cpu, torch.float32)
-    assert first > 1e9  # any CPU of this century does a GFLOP/s
-    assert (tmp_path / "peak_flops.json").exists()
-    assert measured_peak_flops(cpu, torch.float32) == first  # served from the cache
+    assert measured_peak_flops(cpu, torch.float32) > 1e9  # any CPU of this century does a GFLOP/s
+    assert list(tmp_path.iterdir()) == []  # no cache: a peak from another moment is not this run's
+
+
+def _peak_timed_together(threads: int) -> dict:
+    torch.set_num_threads(threads)
+    start = time.time()
+    peak = measured_peak_flops(torch.device("cpu"), torch.float32)
+    return {"peak": peak, "start": start, "end": time.time(), "u": utilisation(0.5 * peak, torch.device("cpu"))}
+
+
+def test_ranks_time_the_peak_at_the_same_moment_and_agree_on_it():
+    ranks = run_ranks(_peak_timed_together, nprocs=2, args=(1,))
+    assert ranks[0]["peak"] == ranks[1]["peak"] > 1e9  # the mean of the ranks' best, on every rank
+    assert max(r["start"] for r in ranks) < min(r["end"] for r in ranks)  # their timings overlapped
+    for r in ranks:
+        assert r["u"]["peak_measured_with"] == {"threads_per_rank": 1, "ranks_at_once": 2}
+        assert 0 < r["u"]["mfu"] <= 1 and r["u"]["datasheet_peak"] is None  # a CPU has no datasheet row
+
+
+def utilisation(achieved: float, device: torch.device) -> dict:
+    return flops.utilisation(achieved, device, torch.float32)
+
+
+def test_an_mfu_above_one_is_reported_loudly_and_not_recorded(monkeypatch):
+    with pytest.warns(RuntimeWarning, match=r"MFU 1.20 > 1 .* not a peak"):
+        assert flops.mfu_or_none(120e9, 100e9, "measured matmul peak") is None
+    assert flops.mfu_or_none(50e9, 100e9, "measured matmul peak") == 0.5
+    monkeypatch.setattr(flops, "measured_peak_flops", lambda device, dtype: 1e9)  # a "peak" timed under load
+    with pytest.warns(RuntimeWarning, match="MFU not recorded"):
+        u = utilisation(2e9, torch.device("cpu"))
+    assert u["mfu"] is None and u["peak_flops_per_s"] == 1e9
+    assert "MFU not recorded" in flops.describe_mfu(u)
+
+
+@pytest.mark.parametrize(
+    "name,dtype,tf32,expected",
+    [
+        ("NVIDIA H100 80GB HBM3", torch.bfloat16, False, ("H100 SXM bf16", 989.5e12)),
+        ("NVIDIA H100 PCIe", torch.bfloat16, False, ("H100 PCIe bf16", 756.5e12)),
+        ("NVIDIA H200", torch.float32, False, ("H200 SXM fp32", 67e12)),
+        ("NVIDIA H200 NVL", torch.float32, True, ("H200 NVL tf32", 417.5e12)),
+        ("NVIDIA A100-SXM4-80GB", torch.float32, True, ("A100 tf32", 156e12)),
+        ("NVIDIA GH200 480GB", torch.bfloat16, False, None),  # not in the table: no datasheet MFU
+        ("NVIDIA L4", torch.bfloat16, False, None),
+    ],
+)
+def test_the_datasheet_peak_is_read_by_gpu_name_and_precision(monkeypatch, name, dtype, tf32, expected):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    before = torch.backends.cuda.matmul.allow_tf32  # a computed attribute: monkeypatch cannot restore it
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        assert flops.datasheet_peak(torch.device("cuda", 0), dtype) == expected
+        assert flops.datasheet_peak(torch.device("cpu"), dtype) is None
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_the_cpu_flags_agree_with_the_vector_isa_torch_uses():
+    isa = flops.cpu_isa_flags()
+    assert set(isa) == set(flops.ISA_FLAGS)
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability.startswith("AVX512"):
+        assert isa["avx512f"]
+    if capability.startswith("AVX2") or capability.startswith("AVX512"):
+        assert isa["avx2"] and isa["fma"]

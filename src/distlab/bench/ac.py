@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from distlab.bench.provenance import provenance, write_result
+from distlab.bench.provenance import finished, provenance, write_result
 from distlab.chapters.activation_checkpointing import activation_memory, build, gradients
 from distlab.infra.experiment import WARMUP_STEPS
 from distlab.infra.launch import run_script
@@ -157,12 +157,13 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--batch-size {args.batch_size} must be a multiple of --nprocs {args.nprocs}")
 
     result = {
-        "provenance": provenance("distlab.bench.ac", argv),
+        "provenance": provenance("distlab.bench.ac", argv),  # before the first run: the code that runs
         "workload": {"preset": args.preset, "batch": args.batch_size, "steps": args.steps},
         "single_process": single_process(args.preset, args.batch_size, args.steps),
     }
     if args.nprocs:
         result["fsdp2"] = with_fsdp2(args.preset, args.batch_size, args.fsdp2_steps + WARMUP_STEPS, args.nprocs)
+    finished(result["provenance"])  # the end time and the load average then
     write_result(result, args.out)
     return result
 

@@ -7,11 +7,13 @@ Each run is a real run of a lab script, ``src/labs/labN_*.py``, launched as torc
 launch it, with the same options for every lab: model preset, global batch, steps, dtype
 and, for labs 3 to 6, micro-batch size (so each lab differs from the one before by its one
 feature). From each run's ``summary.json`` and ``metrics.jsonl`` the result keeps tokens/s
-(the first two steps left out), MFU against the measured matmul peak, bytes of model state
-per rank, the peak bytes by kind of rank 0's second step (PyTorch's MemTracker, the labs'
+(the first two steps left out), MFU of the measured matmul peak (timed at the end of each run
+by all its ranks at once; on a GPU also MFU of the datasheet peak), bytes of model state per
+rank, the peak bytes by kind of rank 0's second step (PyTorch's MemTracker, the labs'
 ``--track-memory``), the losses, and the exact command line. Lab 1 runs on one process only.
-On a shared machine one run's speed can be 15% off the next's: ``--repeats K`` runs the whole
-plan K times over and keeps, for each lab and rank count, the run with the median tokens/s.
+On a shared machine one run's speed can be far off the next's (the recorded repeats say how
+far): ``--repeats K`` runs the whole plan K times over and keeps, for each lab and rank count,
+the run with the median tokens/s.
 
 The result goes to ``--out`` (default ``results/bench/<device>_<preset>_<dtype>.json``)
 with its provenance; the Benchmarks chapter reads these files and never reruns them.
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
 import importlib.util
 import sys
@@ -29,14 +30,15 @@ import time
 import types
 from pathlib import Path
 
-from distlab.bench.provenance import provenance, write_result
+from distlab.bench.provenance import finished, provenance, write_result
 from distlab.bench.report import print_targets
 from distlab.infra.launch import LaunchTimeout, RankFailed, run_script
 from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_metrics, read_summary
 from distlab.runtime import pick_device
 
-SCHEMA = 1  # bump when the layout of a result file changes; the tests read this layout
+SCHEMA = 2  # bump when the layout of a result file changes; the tests read this layout
+# 2: MFU of a peak timed by every run itself (peak_measured_with), the datasheet MFU; load and CPU flags
 LABS = {
     1: "lab1_single",
     2: "lab2_ddp",
@@ -58,7 +60,10 @@ KEPT = (
     "tokens_per_s",
     "achieved_flops_per_s",
     "peak_flops_per_s",
+    "peak_measured_with",
     "mfu",
+    "datasheet_peak",
+    "mfu_of_datasheet_peak",
     "state_bytes_per_rank",
     "peak_bytes_by_kind",
     "final_train_loss",
@@ -149,8 +154,9 @@ def describe(run: dict) -> str:
     if "error" in run:
         return f"failed: {run['error']}"
     memory = run["peak_bytes_by_kind"].get("total", 0) / 1e6
+    mfu = "-" if run["mfu"] is None else f"{run['mfu']:.2f}"  # None: above 1, the peak was no peak
     return (
-        f"{run['tokens_per_s']:9,.0f} tokens/s  MFU {run['mfu']:.2f}  state "
+        f"{run['tokens_per_s']:9,.0f} tokens/s  MFU {mfu}  state "
         f"{run['state_bytes_per_rank']['total'] / 1e6:6.1f} MB/rank  peak {memory:6.1f} MB  "
         f"loss {run['final_train_loss']:.4f}"
     )
@@ -235,10 +241,9 @@ def main(argv: list[str] | None = None) -> dict:
             print(f" {time.perf_counter() - start:4.0f} s  {describe(made[lab, n][-1])}", flush=True)
     runs = [median_run(made[key]) for key in plan]
 
-    measured["finished"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     result = {
         "schema": SCHEMA,
-        "provenance": measured,
+        "provenance": finished(measured),
         "workload": {k: v for k, v in workload.items() if k != "device"} | {"device": device.type},
         "runs": runs,
     }

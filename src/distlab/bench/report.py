@@ -33,7 +33,7 @@ def recorded_results(folder: str | Path = RESULTS) -> dict[str, dict]:
 _GOALS = [
     (
         "lab 1 MFU",
-        "lab 1, fp32, 1 process: achieved FLOP/s / measured matmul peak",
+        "lab 1, fp32, 1 process: MFU of the measured matmul peak",
         0.80,
         ">=",
         lambda R: R("lab1_single", 1)["mfu"],
@@ -90,9 +90,12 @@ def targets(result: dict) -> list[dict]:
 
     rows = []
     for name, compared, goal, direction, compute in _GOALS:
+        missing = "an MFU: it came out above 1 and was not recorded"  # the one figure a run may leave None
         try:
             value = compute(R)
-        except LookupError as missing:
+        except LookupError as err:
+            value, missing = None, str(err)
+        if value is None:
             rows.append(
                 {
                     "goal": name,
@@ -100,7 +103,7 @@ def targets(result: dict) -> list[dict]:
                     "target": f"{direction} {goal}",
                     "measured": None,
                     "met": None,
-                    "missing": str(missing),
+                    "missing": missing,
                 }
             )
             continue

@@ -1,4 +1,4 @@
-"""Accelerate's quiet fallbacks, reproduced on CPU ranks for the chapter and the tests.
+"""Accelerate's quiet fallbacks, and what its FSDP2 plugin builds, reproduced on CPU ranks.
 
 Each function runs on every rank of ``launch.run_ranks(..., init_group=False)``: Accelerate
 forms (or fails to form) the process group itself, exactly as it would under torchrun.
@@ -110,7 +110,7 @@ def accumulate_trace(out_dir: str, accum_steps: int = 4) -> None:
     sent = []
 
     def counting_hook(state, bucket):  # DDP calls this once per gradient bucket it all-reduces
-        sent.append(bucket.buffer().numel())
+        sent.append(bucket.buffer().numel() * bucket.buffer().element_size())
         return allreduce_hook(state, bucket)
 
     model.register_comm_hook(None, counting_hook)
@@ -128,6 +128,7 @@ def accumulate_trace(out_dir: str, accum_steps: int = 4) -> None:
                 "micro-batch": micro,
                 "sync_gradients": accelerator.sync_gradients,
                 "all-reduces": len(sent),
+                "bytes all-reduced": sum(sent),
                 "weights changed": fingerprint(model) != before,
             }
         )
@@ -138,6 +139,139 @@ def accumulate_trace(out_dir: str, accum_steps: int = 4) -> None:
     Path(out_dir, f"rank{rank}.json").write_text(
         json.dumps({"rows": rows, "mine": mine.tolist(), "gathered": gathered, "reduced_mean": mean})
     )
+
+
+def in_fsdp2_mode(plugin, mixed_precision: str):
+    """A CPU Accelerator switched into the FSDP2 mode that Accelerate selects only on accelerators.
+
+    Given an FSDP plugin on GPUs, ``AcceleratorState.__init__`` (accelerate/state.py) sets
+    ``distributed_type = FSDP``, calls ``plugin.set_mixed_precision(mixed_precision)`` unless
+    it is "no", keeps the plugin, and copies ``distributed_type`` into ``PartialState``. Doing
+    the same here makes ``prepare``, ``accumulate`` and ``no_sync`` run Accelerate's own FSDP2
+    code (accelerate/utils/fsdp_utils.py) on gloo ranks.
+    """
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from accelerate.utils import DistributedType
+
+    AcceleratorState._reset_state()  # a fresh Accelerator per setup; the process group stays
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True, mixed_precision=mixed_precision, gradient_accumulation_steps=2)
+    accelerator.state.distributed_type = DistributedType.FSDP
+    if mixed_precision != "no":
+        plugin.set_mixed_precision(mixed_precision)
+    accelerator.state.fsdp_plugin = plugin
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # every AcceleratorState() reads it
+    assert accelerator.is_fsdp2
+    return accelerator
+
+
+def _unit_chain(module) -> str:
+    """``FSDP[0](CheckpointWrapper(FSDP[12](Block)))``: the wrappers from a block down to the
+    ``Block``; FSDP[n] is an FSDP2 unit and n the parameters it all-gathers and reduce-scatters."""
+    from torch.distributed.fsdp import FSDPModule
+
+    parts = []
+    while module is not None:
+        name = type(module).__name__
+        if isinstance(module, FSDPModule):  # fully_shard swaps the class for FSDP<class>
+            group = module._get_fsdp_state()._fsdp_param_group
+            parts.append(f"FSDP[{len(group.fsdp_params) if group else 0}]")
+            name = name.removeprefix("FSDP")
+        parts.append(name)
+        module = getattr(module, "_checkpoint_wrapped_module", None)
+    return "(".join(parts) + ")" * (len(parts) - 1)
+
+
+def _fsdp2_setup(name: str) -> tuple:
+    """The plugin, Accelerate's ``mixed_precision`` and what lab code runs before ``prepare``."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from distlab.accel import fsdp2_plugin, mixed_precision_for
+
+    wrap = {"auto_wrap_policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["Block"]}
+    if name == "checkpoint, then the plugin wraps Block":  # lab 6 before
+        return FullyShardedDataParallelPlugin(fsdp_version=2, **wrap), "bf16", True, False
+    if name == "the plugin checkpoints and wraps Block, explicit policy":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2, activation_checkpointing=True, mixed_precision_policy=policy, **wrap
+        )
+        return plugin, "bf16", False, False
+    if name == "checkpoint, then the plugin wraps CheckpointWrapper":
+        wrap["transformer_cls_names_to_wrap"] = ["CheckpointWrapper"]
+        return FullyShardedDataParallelPlugin(fsdp_version=2, **wrap), "bf16", True, False
+    if name == "lab 6: checkpoint, apply_fsdp, then prepare":
+        return fsdp2_plugin(), mixed_precision_for("bf16", fsdp=True), True, True
+    raise ValueError(f"unknown setup {name!r}")
+
+
+FSDP2_SETUPS = (
+    "checkpoint, then the plugin wraps Block",
+    "the plugin checkpoints and wraps Block, explicit policy",
+    "checkpoint, then the plugin wraps CheckpointWrapper",
+    "lab 6: checkpoint, apply_fsdp, then prepare",
+)
+
+
+def _step_in_fsdp2_mode(name: str) -> dict:
+    """One setup of ``fsdp2_setups`` on this rank."""
+    from unittest import mock
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    from distlab.parallel import apply_activation_checkpointing, apply_fsdp
+
+    plugin, mixed_precision, checkpoint_first, shard_first = _fsdp2_setup(name)
+    accelerator = in_fsdp2_mode(plugin, mixed_precision)
+    model = GPT(preset("tiny"), seed=0)
+    if checkpoint_first:
+        model = apply_activation_checkpointing(model, "full")
+    if shard_first:
+        model = apply_fsdp(model, param_dtype=torch.bfloat16)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    reduced, losses, original = [[], []], [], dist.reduce_scatter_single
+
+    def counted(*args, **kwargs):  # FSDP2 reduce-scatters gradients with this call
+        reduced[len(losses)].append(str(kwargs["input"].dtype).removeprefix("torch."))
+        return original(*args, **kwargs)
+
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    with mock.patch.object(dist, "reduce_scatter_single", counted):
+        for _ in range(2):  # accumulate counts 2 micro-batches per step: sync on the second only
+            x = torch.randint(0, model.config.vocab_size, (2, 32), generator=gen)
+            with accelerator.accumulate(model):
+                _, loss = model(x, x)
+                accelerator.backward(loss)
+            losses.append(loss)
+    policy = model._get_fsdp_state()._mp_policy  # the root's: every unit gets the same policy
+    return {
+        "setup": name,
+        "block 0 after prepare": _unit_chain(model.blocks[0]),
+        "units": [n or "root" for n, m in model.named_modules() if isinstance(m, FSDPModule)],
+        "policy": ", ".join(f"{k} {_short(getattr(policy, k))}" for k in _POLICY_FIELDS),
+        "loss dtype": _short(losses[0].dtype),
+        "reduce-scatters per micro-batch": [len(r) for r in reduced],
+        "reduce-scatter dtypes": sorted(set(reduced[0] + reduced[1])),
+        "grad_norm": float(accelerator.clip_grad_norm_(model.parameters(), float("inf"))),
+    }
+
+
+_POLICY_FIELDS = ("param_dtype", "reduce_dtype", "output_dtype")
+
+
+def _short(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def fsdp2_setups(setups=FSDP2_SETUPS) -> list[dict]:
+    """For each setup, on CPU ranks in Accelerate's FSDP2 mode: ``prepare`` the tiny GPT with
+    bf16, then one step of 2 micro-batches under ``accumulate``. What trains: the wrappers
+    around block 0, the policy on its units, the dtypes of the loss and of each reduce-scatter
+    (counted per micro-batch), and the gradient norm."""
+    return [_step_in_fsdp2_mode(name) for name in setups]
 
 
 if __name__ == "__main__":

@@ -84,6 +84,11 @@ def loss_agreement(result: dict) -> dict[tuple[str, int], float]:
     }
 
 
+def threads_per_rank(r: dict) -> int:
+    """The intra-op threads each rank of a recorded run had (its peak was timed with them)."""
+    return r["peak_measured_with"]["threads_per_rank"]
+
+
 def mark(n: int, cores: int) -> str:
     """A rank count, starred when the ranks outnumber the cores (they then share them)."""
     return f"{n}*" if n > cores else str(n)
@@ -104,7 +109,7 @@ def runs_table(result: dict) -> list[dict]:
                 "tokens/s": f"{r['tokens_per_s']:,.0f}",
                 "all repeats": ", ".join(f"{t:,.0f}" for t in repeats),
                 "step (s)": f"{r['step_s']:.2f}",
-                "MFU": f"{r['mfu']:.2f}",
+                "MFU": "-" if r["mfu"] is None else f"{r['mfu']:.2f}",  # of the measured matmul peak
                 "state MB/rank": f"{r['state_bytes_per_rank']['total'] / MB:.1f}",
                 "peak MB (rank 0)": f"{r['peak_bytes_by_kind']['total'] / MB:.1f}",
                 "train loss": f"{r['final_train_loss']:.4f}",

@@ -5,6 +5,7 @@ resuming on the same and on other numbers of ranks, and a damaged or mismatched 
     never_stopped = train_lab4(runs / "never_stopped", "--checkpoint-every", "10")
     piece_table(never_stopped / "checkpoints" / "step_000010", "app.model.wte.weight")
     resume_losses(step10, runs / "resumed_on_4", nprocs=4)
+    save_on_local_disks(runs / "disks")  # lab 2 on two emulated nodes, each --out on its own "disk"
 
 Lab 4 runs as a script on local ranks (``distlab.infra.launch.run_script``), as torchrun would
 start it; everything else reads the files it wrote.
@@ -17,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from distlab.infra.launch import RankFailed, run_script
-from distlab.infra.paths import REPO_ROOT
+from distlab.infra.paths import LABS_DIR, REPO_ROOT
 from distlab.metrics import read_metrics
 from distlab.model import GPT, preset
 
@@ -141,6 +142,48 @@ def overhead_at_scale(file_bytes: int, tensor_bytes: int, vocab_size: int, big: 
     param_ratio = sum(p.numel() for p in big_model.parameters()) / sum(p.numel() for p in small_model.parameters())
     overhead = (file_bytes - tensor_bytes) * tensor_ratio / (tensor_bytes * param_ratio)
     return {"tensor_ratio": tensor_ratio, "param_ratio": param_ratio, "overhead": overhead}
+
+
+# --- begin local disks ---
+def save_on_local_disks(root: str | Path, timeout: float = 180) -> dict[str, dict]:
+    """Lab 2 on two emulated nodes, one worker each, saving a checkpoint after its 2nd step,
+    each node with its own ``--out`` under ``root``: the same path on two machines' local disks.
+
+    Returns, by node folder name: the rank of its worker, its exit status, and the checkpoint
+    files its "disk" holds (path under its ``--out``, bytes). Every file there was written by
+    that node's one rank."""
+    from distlab.chapters.multi_node import run_nodes, torchrun_command
+    from distlab.infra.ports import free_port
+
+    args = "--preset tiny --steps 2 --batch-size 16 --eval-every 1000 --eval-batches 1 --sample-chars 0"
+    args = [*args.split(), "--no-progress", "--checkpoint-every", "2"]
+    outs = {name: Path(root) / name for name in ("node_a", "node_b")}
+    endpoint = f"127.0.0.1:{free_port()}"
+    commands = [
+        torchrun_command(
+            [LABS_DIR / "lab2_ddp.py", *args, "--out", out],
+            nnodes=2,
+            nproc_per_node=1,
+            endpoint=endpoint,
+            run_id="local-disks",
+        )
+        for out in outs.values()
+    ]
+    nodes = run_nodes(commands, timeout=timeout, env={"OMP_NUM_THREADS": "1"})  # 2 workers, 2 cores
+    saved = {}
+    for (name, out), node in zip(outs.items(), nodes):
+        files = sorted(p for p in (out / "checkpoints").rglob("*") if p.is_file())
+        saved[name] = {
+            "rank": 0 if "checkpoint: " in node.stdout else 1,  # lab 2 prints that line on rank 0 only
+            "returncode": node.returncode,
+            "stderr": node.stderr[-2000:],
+            "files": [(str(f.relative_to(out)), f.stat().st_size) for f in files],
+            "out": out,
+        }
+    return saved
+
+
+# --- end local disks ---
 
 
 def resume_figure(reference: list[float], resumed: list[float], ranks: int):

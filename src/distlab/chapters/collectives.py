@@ -1,9 +1,10 @@
-"""The Collective communication chapter's experiments, and its pictures: the five collectives
+"""The Collective communication chapter's experiments, and its timing figure: the five collectives
 live (``run_ranks(all_demos, nprocs=3)``), the ring all-reduce of ``distlab.scratch.collectives``
 against ``dist.all_reduce`` at every step (``ring_check(3)``), and what all-reducing costs
 (``summarise_timings(run_ranks(time_collectives, nprocs=2, args=(SIZES,)))``). Functions that
 call ``dist`` run on every rank of a group (``distlab.infra.launch.run_ranks``)."""
 
+import itertools
 import os
 import statistics
 import time
@@ -14,7 +15,13 @@ import torch.distributed as dist
 
 from distlab.infra.launch import run_ranks
 from distlab.runtime import rank_world
-from distlab.scratch.collectives import parity_ring_exchange, ring_all_reduce, ring_bytes_sent_per_rank, ring_schedule
+from distlab.scratch.collectives import (
+    model_time,
+    parity_ring_exchange,
+    ring_all_reduce,
+    ring_bytes_sent_per_rank,
+    ring_schedule,
+)
 
 SIZES = [2**k for k in range(10, 25, 2)]  # 1 KB, 4 KB, ... 16 MB of float32
 ALL_REDUCES = ("dist.all_reduce", "ring_all_reduce")
@@ -79,9 +86,27 @@ def barrier() -> dict:
 DEMOS = (broadcast, all_reduce, reduce_scatter, all_gather, barrier)
 
 
-def all_demos() -> list[dict]:
-    """Every demo, in one launch (starting processes takes seconds)."""
-    return [demo() for demo in DEMOS]
+# --- begin reduce_ops ---
+def reduce_ops() -> dict[tuple[str, str], list | str]:
+    """What all_reduce leaves on this rank per operator and dtype, or the backend's error."""
+    ops = {"SUM": dist.ReduceOp.SUM, "AVG": dist.ReduceOp.AVG, "PREMUL_SUM(0.5)": dist.ReduceOp.PREMUL_SUM(0.5)}
+    results = {}
+    for (name, op), dtype in itertools.product(ops.items(), (torch.float32, torch.int64)):
+        t = data().to(dtype)
+        try:
+            dist.all_reduce(t, op=op)
+            results[name, str(dtype)] = t.tolist()
+        except RuntimeError as err:  # refused by the backend, for this operator or this dtype
+            results[name, str(dtype)] = str(err).splitlines()[0]
+    return results
+
+
+# --- end reduce_ops ---
+
+
+def all_demos() -> dict:
+    """Every demo, and the reduction operators, in one launch (starting processes takes seconds)."""
+    return {"demos": [demo() for demo in DEMOS], "reduce_ops": reduce_ops()}
 
 
 def before_after_table(title: str, per_rank: list[dict]) -> str:
@@ -181,95 +206,7 @@ def copy_bandwidth(nbytes: int, repeats: int = 21) -> float:
     return nbytes / statistics.median(timeit.repeat(lambda: dst.copy_(src), number=1, repeat=repeats))
 
 
-def model_time(alpha: float, bandwidth: float, n: int, nbytes: int) -> float:
-    """The ring's alpha-beta model: 2(N-1) latencies plus 2(N-1)/N of the bytes at ``bandwidth``."""
-    return 2 * (n - 1) * alpha + ring_bytes_sent_per_rank(nbytes, n, 1) / bandwidth
-
-
-# --- the pictures: drawn from ring_schedule and the timings above ---
-def _cell(held: frozenset, n: int) -> tuple[str, tuple, str]:
-    """A chunk's label, fill and text colour: darker blue the more ranks its sum holds."""
-    import matplotlib.pyplot as plt
-
-    label = "all" if len(held) == n else "+".join(map(str, sorted(held)))
-    return label, plt.get_cmap("Blues")(0.15 + 0.75 * len(held) / n), "white" if len(held) / n > 0.6 else "black"
-
-
-def _title(entry: dict, n: int) -> str:
-    start = entry["phase"] == "start"
-    return "start: each rank has only its own data" if start else f"{entry['phase']} {entry['step']} of {n - 1}"
-
-
-def ring_figure(n: int = 4):
-    """One grid per step (a row per rank, a column per chunk), each cell naming the ranks its
-    data sums so far; red frames mark the chunk each rank received in that step."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
-    schedule = ring_schedule(n)
-    fig, axes = plt.subplots(2, n, figsize=(3.0 * n, 6.4))
-    for ax, entry in zip(axes.flat, [schedule[0], *schedule[1:n], None, *schedule[n:]]):  # None: between phases
-        if entry is None:
-            ax.axis("off")
-            note = (
-                "after reduce-scatter,\nrank r holds the full\nsum of chunk r+1;\nall-gather passes\nthe full sums on"
-            )
-            ax.text(0.5, 0.5, note, ha="center", va="center", fontsize=10, transform=ax.transAxes)
-            continue
-        ax.set(xlim=(-0.5, n - 0.5), ylim=(n - 0.5, -0.5), aspect="equal")
-        ax.set_xticks(range(n), [f"chunk {c}" for c in range(n)], fontsize=8)
-        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=8)
-        ax.tick_params(length=0)
-        ax.spines[:].set_visible(False)
-        for r in range(n):
-            for c in range(n):
-                label, fill, text = _cell(entry["holds"][r][c], n)
-                ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fc=fill, ec="white", lw=1.5))
-                ax.text(c, r, label, ha="center", va="center", fontsize=8.5, color=text)
-            if (got := entry["receives"][r]) is not None:  # the chunk received in this step: a red frame
-                ax.add_patch(Rectangle((got - 0.46, r - 0.46), 0.92, 0.92, fill=False, ec="#d62728", lw=2.2))
-        ax.set_title(_title(entry, n), fontsize=10)
-    fig.suptitle(f"Ring all-reduce on {n} ranks: whose data each chunk sums (red: received in this step)", fontsize=12)
-    fig.tight_layout()
-    return fig
-
-
-def step_html(entry: dict, n: int) -> str:
-    """One step of the ring as an HTML table, with a sentence saying what moved."""
-    from matplotlib.colors import to_hex
-
-    rows = []
-    for r in range(n):
-        cells = ""
-        for c in range(n):
-            label, fill, text = _cell(entry["holds"][r][c], n)
-            border = "#d62728" if entry["receives"][r] == c else "white"
-            style = f"background:{to_hex(fill)};color:{text};border:3px solid {border};width:5.5em;height:2.2em"
-            cells += f'<td style="{style};text-align:center;font-family:monospace">{label}</td>'
-        rows.append(f'<tr><th style="padding-right:0.6em;text-align:right">rank {r}</th>{cells}</tr>')
-    what = f"Each rank holds only its own tensor, cut into {n} chunks."
-    if entry["phase"] != "start":
-        verb = "adds it into its own" if entry["phase"] == "reduce-scatter" else "overwrites its own copy"
-        sends = ", ".join(f"rank {r} → chunk {entry['sends'][r]}" for r in range(n))
-        what = f"Every rank sends one chunk to its right neighbour ({sends}); each receiver {verb} (red frame)."
-    header = "<tr><th></th>" + "".join(f"<th>chunk {c}</th>" for c in range(n)) + "</tr>"
-    table = f"<table style='border-collapse:collapse'>{header}{''.join(rows)}</table>"
-    return f"<div style='font-size:0.95em'><b>{_title(entry, n)}</b><p>{what}</p>{table}</div>"
-
-
-def ring_widget(n: int = 4):
-    """The steps behind a slider and a play button, rendered in advance: no kernel needed."""
-    import ipywidgets as widgets
-
-    schedule = ring_schedule(n)
-    views = widgets.Stack([widgets.HTML(step_html(e, n)) for e in schedule], selected_index=0)
-    slider = widgets.IntSlider(value=0, min=0, max=len(schedule) - 1, description="step")
-    play = widgets.Play(value=0, min=0, max=len(schedule) - 1, interval=1500)
-    widgets.jslink((play, "value"), (slider, "value"))  # links run in the browser: no Python callback
-    widgets.jslink((slider, "value"), (views, "selected_index"))
-    return widgets.VBox([widgets.HBox([play, slider]), views])
-
-
+# --- the timings' picture (the ring's own are drawn in distlab.scratch.collectives) ---
 def timing_figure(summary: dict, copy_bw: float):
     """Time and bus bandwidth against message size, medians and middle half of the repeats."""
     import matplotlib.pyplot as plt

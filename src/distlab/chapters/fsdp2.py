@@ -5,6 +5,9 @@ and returns plain Python data for the FSDP2 chapter and ``distlab.bench.fsdp``:
 
     run_ranks(shard_table, nprocs=2)                  # each parameter's global and local shape
     run_ranks(step_trace, nprocs=2, args=("tiny",))   # FSDP2's own profiler ranges, one step
+    run_ranks(resharding, nprocs=2)                   # which units stay whole; collectives counted
+    run_ranks(op_dtypes, nprocs=2)                    # the dtype each op ran in under the policy
+    run_ranks(different_seeds, nprocs=2)              # the pitfall: a model stitched from two builds
     run_ranks(train, nprocs=2, args=("fsdp2",))       # losses, bytes per rank, tokens/s
 
 Strategies (``STRATEGIES``, names from ``distlab.infra.experiment``): ``single``, ``ddp``,
@@ -14,14 +17,18 @@ Strategies (``STRATEGIES``, names from ``distlab.infra.experiment``): ``single``
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 
+from distlab.data import token_data
+from distlab.errors import UserError
 from distlab.infra import experiment
 from distlab.infra.experiment import build, gpt
-from distlab.model import GPT, preset
-from distlab.parallel import apply_fsdp
-from distlab.runtime import dist_env, pick_device
+from distlab.model import GPT
+from distlab.parallel import apply_fsdp, check_same_weights
+from distlab.runtime import dist_env, pick_device, rank_world
+from distlab.tools.dtypes import OpDtypes
 
 STRATEGIES = ("single", "ddp", "fsdp2", "fsdp2-no-reshard", "fsdp2-bf16", "hsdp")
 
@@ -78,9 +85,9 @@ def _peak_bytes(model, optimizer, strategy: str, into: dict):
     into.update({str(kind): int(n) for kind, n in tracker.get_tracker_snapshot("peak")[device].items()})
 
 
-def step_trace(preset_name: str = "tiny", reshard_after_forward: bool = True, global_batch: int = 8) -> dict:
-    """One training step under the profiler: FSDP2's named ranges (ms from the step's start)
-    and how many all-gathers and reduce-scatters gloo ran."""
+def step_trace(preset_name: str = "tiny", reshard_after_forward: bool = True, global_batch: int = 8) -> list:
+    """One training step under the profiler: FSDP2's named ranges and gloo's collectives,
+    (name, start, end) in ms from the step's start, for the page's timeline."""
     from torch.profiler import ProfilerActivity, profile
 
     exp = build("fsdp2" if reshard_after_forward else "fsdp2-no-reshard", preset_name, global_batch)
@@ -89,60 +96,145 @@ def step_trace(preset_name: str = "tiny", reshard_after_forward: bool = True, gl
         exp.backward(exp.loss(0))
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     t0 = events[0].time_range.start
-    spans = [
+    return [
         (e.name, (e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3)
         for e in events
-        if e.name.startswith("FSDP::")
+        if e.name.startswith(("FSDP::", "gloo:"))
     ]
-    count = lambda prefix: sum(e.name.startswith(prefix) for e in events)  # noqa: E731
-    return {
-        "spans": spans,
-        "all_gathers": count("c10d::_allgather_base_"),
-        "reduce_scatters": count("c10d::_reduce_scatter_base_"),
-    }
 
 
-def unsharded_between_forward_and_backward(preset_name: str = "tiny", reshard_after_forward: bool = True) -> int:
-    """Bytes of unsharded (all-gathered) block parameters still alive after the forward pass."""
-    exp = build("fsdp2" if reshard_after_forward else "fsdp2-no-reshard", preset_name)
-    model = exp.model
-    x = torch.zeros(2, preset(preset_name).block_size, dtype=torch.long, device=exp.device)
-    _, loss = model(x, x)
-    alive = 0
+COLLECTIVES = {"all-gathers": "_allgather_base_", "reduce-scatters": "_reduce_scatter_base_"}  # c10d's names
+
+
+def resharding(blocks: bool = True, root: bool | None = False, preset_name: str = "tiny") -> dict:
+    """``fully_shard`` with ``reshard_after_forward=blocks`` on each block and ``root`` on the
+    root (None: left unset). Returns which units hold whole parameters right after forward,
+    their bytes, and the all-gathers and reduce-scatters of one step's forward and backward,
+    counted by torch's ``CommDebugMode`` (the step after a warm-up step)."""
+    import warnings
+
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    rank, world_size = rank_world()
+    device = pick_device("auto", dist_env()[1])
+    model = gpt(preset_name).to(device)
     for block in model.blocks:
-        for p in block.parameters(recurse=True):
-            # a resharded block shows its DTensor shards again; an unsharded one plain tensors
-            alive += 0 if hasattr(p, "to_local") else p.numel() * p.element_size()
-    loss.backward()
-    return alive
+        fully_shard(block, reshard_after_forward=blocks)
+    fully_shard(model, **({} if root is None else {"reshard_after_forward": root}))
+    x, y = token_data().batch("train", 0, 2 * world_size, model.config.block_size, 0, rank, world_size, device)
+    model(x, y)[1].backward()  # warm-up: FSDP2 decides which unit is the root on the first forward
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CommDebugMode's module hooks warn that token ids need no gradient
+        with CommDebugMode() as forward:
+            loss = model(x, y)[1]
+        whole = {}  # a unit that kept its parameters whole shows plain tensors now, not DTensor shards
+        for name, p in model.named_parameters():
+            unit = ".".join(name.split(".")[:2]) if name.startswith("blocks.") else "root"
+            whole[unit] = whole.get(unit, 0) + (0 if hasattr(p, "to_local") else p.numel() * p.element_size())
+        with CommDebugMode() as backward:
+            loss.backward()
+    counts = {}
+    for phase, comm in (("forward", forward), ("backward", backward)):
+        seen = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
+        counts.update({f"{phase} {kind}": seen.get(op, 0) for kind, op in COLLECTIVES.items()})
+    return {"whole_after_forward": whole, **counts}
 
 
-def mixed_precision_dtypes() -> dict[str, str]:
-    """Dtypes under ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``."""
-    exp = build("fsdp2-bf16", "tiny")
-    model, device = exp.model, exp.device
-    seen = {}
-    block = model.blocks[0]
-    block.register_forward_pre_hook(
-        lambda m, args: seen.update(
-            {
-                "parameter inside forward": str(m.attn.qkv.weight.dtype),
-                "activation entering a block": str(args[0].dtype),
-            }
-        )
-    )
-    x = torch.zeros(2, 8, dtype=torch.long, device=device)
-    logits, loss = model(x, x)
+def _note(into: dict, key: str, pick: Callable) -> Callable:
+    """A module hook that notes ``pick(*hook arguments)`` under ``key`` once and changes nothing
+    (a hook that returns a value replaces the module's inputs or output)."""
+
+    def hook(*args) -> None:
+        into.setdefault(key, pick(*args))
+
+    return hook
+
+
+def mixed_precision_dtypes(preset_name: str = "tiny") -> dict[str, str]:
+    """The dtype of each kind of tensor in one training step under ``apply_fsdp(param_dtype=bf16)``."""
+    exp = build("fsdp2-bf16", preset_name)
+    qkv, seen = exp.model.blocks[0].attn.qkv, {}
+    qkv.register_forward_pre_hook(_note(seen, "parameter inside forward", lambda m, inputs: m.weight.dtype))
+    x, y = exp.data.batch("train", 0, exp.global_batch, exp.model.config.block_size, 0, exp.rank, exp.world_size)
+    logits, loss = exp.model(x.to(exp.device), y.to(exp.device))
     loss.backward()
-    p = block.attn.qkv.weight
+    exp.optimizer.step()
+    p = qkv.weight
     seen.update(
         {
-            "sharded parameter (kept)": str(p.dtype),
-            "logits": str(logits.dtype),
-            "gradient of the shard": str(p.grad.dtype),
+            "sharded parameter (the master weight)": p.dtype,
+            "gradient of the shard": p.grad.dtype,
+            "AdamW moments": exp.optimizer.state[p]["exp_avg"].dtype,
+            "logits": logits.dtype,
+            "loss": loss.dtype,
         }
     )
-    return seen
+    return {k: str(v).removeprefix("torch.") for k, v in seen.items()}
+
+
+def op_dtypes(mechanism: str = "policy", preset_name: str = "tiny") -> list[dict]:
+    """Which dtype each operator of one training step ran in (``distlab.tools.dtypes``).
+
+    ``policy``: labs 4-5, ``apply_fsdp(param_dtype=bf16)`` (on every rank of a group);
+    ``autocast``: labs 1-3, bf16 autocast around the forward of the plain model."""
+    if mechanism not in ("policy", "autocast"):
+        raise ValueError(f"unknown mechanism {mechanism!r}; choose policy or autocast")
+    exp = build("fsdp2-bf16" if mechanism == "policy" else "single", preset_name)
+
+    def autocast():
+        enabled = mechanism == "autocast"
+        return torch.autocast(exp.device.type, torch.bfloat16, enabled=enabled)
+
+    for step in (0, 1):  # the first builds FSDP2's lazy state and AdamW's moments; record the second
+        ops = OpDtypes() if step else contextlib.nullcontext()
+        with ops:
+            with autocast():
+                loss = exp.loss(step)
+            exp.backward(loss)
+            if step:
+                ops.phase = "optimizer"
+            exp.optimizer.step()
+        exp.optimizer.zero_grad(set_to_none=True)
+    return ops.rows()
+
+
+# (label, the blocks' and the root's MixedPrecisionPolicy fields beyond param_dtype=bf16, reduce_dtype=fp32)
+POLICY_VARIANTS = [
+    ("the labs' policy", {}, {}),
+    ("cast_forward_inputs=False", {"cast_forward_inputs": False}, {"cast_forward_inputs": False}),
+    ("output_dtype=fp32 on the root", {}, {"output_dtype": torch.float32}),
+    ("output_dtype=fp32 on every unit", {"output_dtype": torch.float32}, {"output_dtype": torch.float32}),
+]
+
+
+def policy_variants(preset_name: str = "tiny") -> list[dict]:
+    """What ``output_dtype`` and ``cast_forward_inputs`` change (``POLICY_VARIANTS``): the dtypes
+    that cross the unit boundaries in one forward, or the error the forward stops with."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    rank, world_size = rank_world()
+    device = pick_device("auto", dist_env()[1])
+    rows = []
+    for label, for_blocks, for_root in POLICY_VARIANTS:
+        model = gpt(preset_name).to(device)
+        for block in model.blocks:
+            fully_shard(block, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32, **for_blocks))
+        fully_shard(model, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32, **for_root))
+        row = {"policy": label}
+        # FSDP2's own hooks run first (its pre-hook is prepended): these see the dtypes after its casts
+        model.blocks[0].register_forward_hook(_note(row, "block 0 returns", lambda m, inputs, out: out.dtype))
+        model.blocks[1].ln1.register_forward_pre_hook(
+            _note(row, "block 1 computes on", lambda m, inputs: inputs[0].dtype)
+        )
+        x, y = token_data().batch("train", 0, 2 * world_size, model.config.block_size, 0, rank, world_size, device)
+        try:
+            logits, loss = model(x, y)
+            row.update({"logits": logits.dtype, "loss": loss.dtype})
+        except RuntimeError as error:  # two dtypes meet inside a unit
+            row["error"] = str(error).splitlines()[0]
+        rows.append({k: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v for k, v in row.items()})
+    return rows
 
 
 def meta_init_equals_plain(preset_name: str = "tiny", seed: int = 7) -> float:
@@ -175,3 +267,33 @@ def gradient_check(preset_name: str = "tiny", global_batch: int = 16) -> float:
         full = p.grad.full_tensor()  # reassemble the shards to compare with the whole gradient
         worst = max(worst, (full - ref.grad).abs().max().item())
     return worst
+
+
+def different_seeds(preset_name: str = "tiny", steps: int = 3) -> dict:
+    """The pitfall: each rank builds the GPT from its own seed and shards it unchecked.
+
+    Returns the rows of the whole token embedding that equal each rank's own build, the
+    losses of ``steps`` AdamW steps (they train, without an error), and what
+    ``check_same_weights`` says about the same models before sharding."""
+    rank, world_size = rank_world()
+    device = pick_device("auto", dist_env()[1])
+    built = [gpt(preset_name, seed=100 + r).wte.weight.detach() for r in range(world_size)]  # every rank's build
+    model = gpt(preset_name, seed=100 + rank).to(device)  # the mistake: a seed per rank
+    try:
+        check_same_weights(model)
+        caught = None
+    except UserError as error:
+        caught = str(error)
+    apply_fsdp(model, check_weights=False)  # what fully_shard does on its own: no broadcast, no check
+    whole = model.wte.weight.full_tensor().cpu()
+    rows_from = {r: int((whole == w).all(dim=1).sum()) for r, w in enumerate(built)}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for step in range(steps):
+        x, y = token_data().batch("train", step, 8 * world_size, model.config.block_size, 0, rank, world_size, device)
+        loss = model(x, y)[1]
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return {"rows": whole.shape[0], "rows_from": rows_from, "losses": losses, "caught": caught}

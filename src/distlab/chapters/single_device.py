@@ -1,10 +1,13 @@
 """The single-device baseline chapter's experiments: parameters counted two ways, model state
-and activations measured against their formulas, FLOPs counted by PyTorch against ours, this
-machine's matmul peaks, and lab 1's tokens/s and MFU.
+and activations measured against their formulas, the attention kernel PyTorch picked, fused
+against the default AdamW, FLOPs counted by PyTorch against ours, this machine's matmul peaks and
+instruction sets, and lab 1's tokens/s and MFU.
 
     parameter_table()                        # formula == PyTorch's count, per preset
     model_state_after_one_step(preset("tiny"))
     activation_table(batch=16)               # saved-for-backward bytes: formula, fp32, bf16
+    attention_kernel(preset("tiny"), torch.float32)   # the SDPA kernel autograd recorded
+    adamw_step_seconds(preset("tiny"))       # one optimizer step: the default and fused
     counted_flops_per_token(preset("tiny"), math_attention=True)
     run_lab1(["fp32"], out_dir)              # lab 1's summary.json, per dtype
 
@@ -14,6 +17,8 @@ Everything runs in one process; ``run_lab1`` launches the lab script as the book
 from __future__ import annotations
 
 import contextlib
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -103,6 +108,51 @@ def memory_figure(state: dict[str, int], activations: int, batch: int, title: st
     return fig
 
 
+def attention_kernel(cfg: GPTConfig, dtype: torch.dtype, batch: int = 2) -> str:
+    """The kernel ``scaled_dot_product_attention`` ran for this model's attention shapes, named
+    by the backward node autograd recorded for it (one node type per kernel)."""
+    q, k, v = torch.randn(3, batch, cfg.n_head, cfg.block_size, cfg.n_embd // cfg.n_head, dtype=dtype)
+    q.requires_grad_()
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return type(out.grad_fn).__name__
+
+
+def adamw_step_seconds(cfg: GPTConfig, repeats: int = 5) -> dict[str, float]:
+    """Median seconds of one AdamW step over the model's parameters, with PyTorch's default
+    implementation (on a CPU a loop over the tensors: ``torch/utils/_foreach_utils.py`` lists no
+    CPU among the foreach devices) and with ``fused=True``, timed in turns (A B A B ...) so that
+    load hits both alike."""
+    model = GPT(cfg)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizers = {
+        "default": torch.optim.AdamW(model.parameters(), lr=1e-3),
+        "fused": torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True),
+    }
+    for opt in optimizers.values():
+        opt.step()  # the first step allocates the moments
+    times: dict[str, list[float]] = {kind: [] for kind in optimizers}
+    for _ in range(repeats):
+        for kind, opt in optimizers.items():
+            start = time.perf_counter()
+            opt.step()
+            times[kind].append(time.perf_counter() - start)
+    return {kind: statistics.median(t) for kind, t in times.items()}
+
+
+# what each instruction-set flag of /proc/cpuinfo (distlab.flops.ISA_FLAGS) means for a matmul
+ISA_MEANING = {
+    "avx2": "256-bit vectors",
+    "fma": "fused multiply-add: a multiply and an add in one instruction",
+    "avx512f": "512-bit vectors: twice AVX2's fp32 multiply-adds per instruction",
+    "avx512_vnni": "int8/int16 dot products (quantised inference)",
+    "avx512_bf16": "bf16 dot products accumulated in fp32: twice the fp32 multiply-adds per instruction",
+    "avx512_fp16": "fp16 arithmetic on 512-bit vectors",
+    "amx_tile": "AMX tile registers (Intel Sapphire Rapids and later)",
+    "amx_bf16": "AMX bf16 tile matrix multiply: far beyond the vector units",
+}
+
+
 def counted_flops_per_token(cfg: GPTConfig, math_attention: bool) -> float:
     """FLOPs of one training step (forward and backward) per token, as PyTorch's
     ``FlopCounterMode`` counts them. It has no formula for the fused CPU attention kernel, so
@@ -120,7 +170,7 @@ def counted_flops_per_token(cfg: GPTConfig, math_attention: bool) -> float:
 
 
 def measure_peaks(device: torch.device, dtypes: tuple[str, ...] = ("fp32", "bf16")) -> dict[str, float]:
-    """This machine's matmul peak FLOP/s per dtype (measured once, then cached)."""
+    """This machine's matmul peak FLOP/s per dtype, timed now in this process."""
     return {dtype: measured_peak_flops(device, DTYPES[dtype]) for dtype in dtypes}
 
 
@@ -149,12 +199,14 @@ def mfu_figure(results: dict[str, dict], title: str):
 
     fig, ax = plt.subplots(figsize=(6, 2.6))
     names = list(results)
-    bars = ax.barh(names, [results[d]["mfu"] for d in names], color=["#3b6ea5", "#e39b4c"][: len(names)])
+    mfu = {d: results[d]["mfu"] for d in names}  # None: above 1, not recorded (the peak was no peak)
+    bars = ax.barh(names, [mfu[d] or 0.0 for d in names], color=["#3b6ea5", "#e39b4c"][: len(names)])
     for bar, d in zip(bars, names):
-        label = f"MFU {results[d]['mfu']:.2f}, {results[d]['tokens_per_s']:,.0f} tokens/s"
+        shown = "not recorded" if mfu[d] is None else f"{mfu[d]:.2f}"
+        label = f"MFU {shown}, {results[d]['tokens_per_s']:,.0f} tokens/s"
         ax.text(bar.get_width() + 0.01, bar.get_y() + bar.get_height() / 2, label, va="center")
     ax.set_xlim(0, 1.3)
-    ax.set_xlabel("fraction of this machine's measured matmul peak")
+    ax.set_xlabel("MFU: fraction of the measured matmul peak")
     ax.set_title(title)
     fig.tight_layout()
     return fig

@@ -16,18 +16,17 @@ import torch
 import torch.nn as nn
 
 from distlab.chapters.activation_checkpointing import checkpoint_blocks
-from distlab.memory import saved_activation_bytes, state_bytes
-from distlab.model import GPT, preset
+from distlab.memory import activation_peak_bytes, saved_activation_bytes, state_bytes
+from distlab.model import GPT, GPTConfig, parameter_formula, preset
 from distlab.tools.memory_calculator import (
     GB,
-    PAPER_DP,
-    PAPER_TABLE_1,
+    GPT2_SMALL,
     activation_bytes,
-    agrees_with_print,
     estimate,
-    exact_adamw_state_bytes,
+    gathered_params,
     per_rank_bytes,
 )
+from distlab.tools.memory_checks import PAPER_DP, PAPER_TABLE_1, agrees_with_print, exact_adamw_state_bytes
 
 STAGE_NAMES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}  # the paper's stage -> the calculator's strategy
 MEASURED = ("ddp", "fsdp2", "fsdp2-bf16")  # the strategies measure_one_step runs, in the project's names
@@ -182,12 +181,87 @@ def activation_rows(cases: list[tuple[str, int]]) -> list[dict]:
     return rows
 
 
+# GPT-2's vocabulary on a small model: the logits, not the blocks, set the peak
+WIDE_VOCABULARY = preset("tiny", vocab_size=GPT2_SMALL.vocab_size)
+
+
+def peak_rows(cases: list[tuple[str, GPTConfig, int]], checkpointing: tuple[bool, ...] = (False, True)) -> list[dict]:
+    """For each (name, config, batch) at full context, in fp32 and with bf16 parameters, without
+    and with every block checkpointed: the activation peak ``MemTracker`` measures during one
+    forward and backward, and the calculator's (``activation_bytes``), with the moment it picks."""
+    rows = []
+    for name, cfg, batch in cases:
+        idx, targets = torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size))
+        for dtype, torch_dtype in (("fp32", torch.float32), ("bf16_mixed", torch.bfloat16)):
+            for ac in checkpointing:
+                model = GPT(cfg).to(torch_dtype)
+                measured = activation_peak_bytes(checkpoint_blocks(model) if ac else model, idx, targets)
+                predicted = activation_bytes(cfg, batch, cfg.block_size, ac, dtype)
+                rows.append(
+                    {
+                        "model": name,
+                        "batch": batch,
+                        "dtype": dtype,
+                        "checkpointing": ac,
+                        "measured": measured["peak"],
+                        "calculator": predicted["peak"],
+                        "at": predicted["at"],
+                        "error": (predicted["peak"] - measured["peak"]) / measured["peak"],
+                    }
+                )
+    return rows
+
+
+def fsdp2_gathered(n_layer: int = 4, global_batch: int = 4) -> dict[str, dict]:
+    """Run on every rank: a GPT of ``n_layer`` tiny blocks under FSDP2 (``apply_fsdp``), with and
+    without resharding after forward. In the middle of every block's forward and backward, the
+    bytes this rank holds in gathered parameters: unsharded units, and all-gathers already done
+    for a unit that has not started (a prefetch). Their most, and the calculator's, by the
+    calculator's strategy name ("zero3", "fsdp2_no_reshard")."""
+    import torch.distributed as dist
+
+    from distlab.data import token_data
+    from distlab.parallel import apply_fsdp
+
+    cfg = preset("tiny", n_layer=n_layer, vocab_size=token_data().vocab_size)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    x, y = token_data().batch("train", 0, global_batch, cfg.block_size, 0, rank, n)
+    out = {}
+    for reshard in (True, False):
+        model = apply_fsdp(GPT(cfg), reshard_after_forward=reshard)
+        groups = [g for m in [*model.blocks, model] for g in m._get_fsdp_state()._fsdp_param_groups]
+
+        def gathered_now(groups=groups) -> int:
+            held = 0
+            for g in groups:
+                if g.is_unsharded:  # the unit's parameters, whole (padded to N equal pieces)
+                    held += sum(t.untyped_storage().nbytes() for p in g.fsdp_params for t in p.all_gather_outputs)
+                elif g._all_gather_result is not None:  # prefetched: gathered, not yet copied out
+                    held += g._all_gather_result.all_gather_output.untyped_storage().nbytes()
+            return held
+
+        samples: list[int] = []
+
+        def probe(module, args, output, samples=samples, now=gathered_now):  # the MLP: mid-block, both ways
+            samples.append(now())
+            output.register_hook(lambda grad: samples.append(now()))
+
+        for block in model.blocks:
+            block.mlp.register_forward_hook(probe)
+        model(x, y)[1].backward()
+        strategy = "zero3" if reshard else "fsdp2_no_reshard"
+        whole = gathered_params(strategy, parameter_formula(cfg), cfg)  # the calculator's, fp32
+        out[strategy] = {"measured": max(samples), "calculator": 4 * whole}
+    return out
+
+
 def breakdown_figure(model: str, ranks: int, micro_batch: int, seq_len: int, dtype: str = "bf16_mixed"):
     """Bytes per rank by part under each ZeRO stage, and ZeRO-3 with activation checkpointing,
     as the calculator estimates them; the estimates come back with the figure."""
     import matplotlib.pyplot as plt
 
-    colors = {"params": "#3b6ea5", "grads": "#6c9bd2", "optimizer": "#a9c6ea", "activations": "#e39b4c"}
+    colors = {"params": "#3b6ea5", "grads": "#6c9bd2", "optimizer": "#a9c6ea", "gathered": "#7a9e5a"}
+    colors["activations"] = "#e39b4c"
     cases = [(s, False) for s in STAGE_NAMES.values()] + [("zero3", True)]
     estimates = {}
     fig, ax = plt.subplots(figsize=(8, 3.2))
@@ -205,8 +279,8 @@ def breakdown_figure(model: str, ranks: int, micro_batch: int, seq_len: int, dty
         estimates[strategy + (" + AC" if ac else "")] = est
         left = 0.0
         for part, color in colors.items():
-            ax.barh(row, est[part] / GB, left=left / GB, color=color, label=part if row == 0 else None)
-            left += est[part]
+            ax.barh(row, (est[part] or 0) / GB, left=left / GB, color=color, label=part if row == 0 else None)
+            left += est[part] or 0
     ax.set_yticks(range(len(cases)), list(estimates))
     ax.invert_yaxis()
     ax.set_xlabel("GB per rank")

@@ -15,6 +15,7 @@ starting with ``passed:`` that says what was compared, or raises an ``AssertionE
     Resume and fault tolerance   4         check_kill_during_shard_writes(stall)
     Debugging                    3         check_lockstep_broadcast(program)
     Lab 2                        3         check_loads_ddp_state(load)
+    Lab 3                        4         check_accumulates_by_tokens(accumulate)
 """
 
 from distlab.exercises.accelerate import check_skips_sync
@@ -24,6 +25,7 @@ from distlab.exercises.debugging import check_lockstep_broadcast
 from distlab.exercises.fault_tolerance import check_kill_during_shard_writes
 from distlab.exercises.fsdp_scratch import check_bf16_unit, check_sgd_exposes_missing_division
 from distlab.exercises.lab2_ddp import check_loads_ddp_state
+from distlab.exercises.lab3_grad_accum import check_accumulates_by_tokens
 
 __all__ = [
     "check_all_reduce",
@@ -34,4 +36,5 @@ __all__ = [
     "check_kill_during_shard_writes",
     "check_lockstep_broadcast",
     "check_loads_ddp_state",
+    "check_accumulates_by_tokens",
 ]

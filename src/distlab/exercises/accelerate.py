@@ -23,8 +23,9 @@ def _lab6_step(accelerator, sync_context: Callable | None) -> dict:
     from distlab.data import token_data
     from distlab.model import GPT, preset
     from distlab.parallel import apply_fsdp
+    from distlab.runtime import rank_world
 
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank, n = rank_world()
     cfg = preset("tiny", vocab_size=token_data().vocab_size)
     model = apply_fsdp(GPT(cfg, seed=1).to(rank_device()))  # move first, then shard
     optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-3))  # the model is not Accelerate's

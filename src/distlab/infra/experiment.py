@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from distlab.data import TokenData, token_data
 from distlab.memory import state_bytes
-from distlab.model import GPT, preset
+from distlab.model import GPT, Block, preset
 from distlab.parallel import apply_ddp, apply_fsdp
 from distlab.runtime import DTYPES, dist_env, pick_device, rank_world, synchronize
 from distlab.scratch.data_parallel import ScratchDataParallel, SequentialDataParallel, replica_devices
@@ -38,7 +38,10 @@ WARMUP_STEPS = 2  # steps not timed: the first ones warm up the allocator and ca
 class WrapOptions:
     """The knobs a wrapper may read; each strategy reads the ones it has."""
 
-    bucket_cap_mb: float = 25.0  # ddp, ddp-bucketed: gradient bucket size
+    # ddp, ddp-bucketed: gradient bucket size in MiB; None leaves the wrapper's default. torch DDP
+    # keeps its small first bucket (1 MiB) only when bucket_cap_mb is NOT passed: an explicit
+    # value, even the default 25, makes every bucket that size (torch/nn/parallel/distributed.py)
+    bucket_cap_mb: float | None = None
     replicas: int = 2  # dp-scratch*: replicas (the CPU n times, or GPUs 0..n-1)
     trace: list | None = None  # dp-scratch*, fsdp-scratch*: filled with the step's timed pieces
 
@@ -62,16 +65,22 @@ def _scratch_dp(cls: type):
     return wrap
 
 
+def _bucket_kwargs(options: WrapOptions) -> dict:
+    """``bucket_cap_mb`` only if it was set: passing the default is not the default."""
+    return {} if options.bucket_cap_mb is None else {"bucket_cap_mb": options.bucket_cap_mb}
+
+
 def _scratch_ddp(cls: type):
     def wrap(model, device, options):
-        return cls(model, bucket_cap_mb=options.bucket_cap_mb) if cls is BucketedDDP else cls(model)
+        return cls(model, **_bucket_kwargs(options)) if cls is BucketedDDP else cls(model)
 
     return wrap
 
 
 def _scratch_fsdp(reshard_after_forward: bool):
     def wrap(model, device, options):
-        shard_model(model, reshard_after_forward, options.trace)  # in place: the model is what to call
+        # in place: the model is what to call; each Block is a unit, as in apply_fsdp
+        shard_model(model, {Block}, reshard_after_forward=reshard_after_forward, trace=options.trace)
         return model
 
     return wrap
@@ -92,7 +101,7 @@ def shard_hybrid(model: GPT, device: torch.device, options: WrapOptions) -> nn.M
 # summary.json "strategy" is one of them plus its features ("ddp+accumulation")
 STRATEGIES: dict[str, Strategy] = {
     "single": Strategy(lambda m, d, o: m, False, "one process, no wrapper"),
-    "ddp": Strategy(lambda m, d, o: apply_ddp(m, d, bucket_cap_mb=o.bucket_cap_mb), True, "torch DDP"),
+    "ddp": Strategy(lambda m, d, o: apply_ddp(m, d, **_bucket_kwargs(o)), True, "torch DDP"),
     "ddp-naive": Strategy(_scratch_ddp(NaiveDDP), True, "DDP from scratch: all-reduce after backward"),
     "ddp-hooks": Strategy(_scratch_ddp(HookDDP), True, "DDP from scratch: a hook per parameter"),
     "ddp-bucketed": Strategy(_scratch_ddp(BucketedDDP), True, "DDP from scratch: async buckets"),

@@ -1,9 +1,11 @@
-"""Collective communication from scratch: a ring all-reduce, its schedule, its cost, and
-the deadlock that a naive ring of blocking sends walks into.
+"""Collective communication from scratch: a ring all-reduce, its schedule (and its pictures),
+its cost, and the deadlock that a naive ring of blocking sends walks into.
 
     ring_all_reduce(t)                 # in place, SUM, same result as dist.all_reduce(t)
     ring_schedule(4)                   # the same algorithm on paper, step by step
+    ring_figure(4), ring_widget(4)     # ... drawn: a grid per step; a slider over the steps
     ring_bytes_sent_per_rank(n, 4, 4)  # 2(N-1)/N of the tensor's bytes, whatever N is
+    model_time(alpha, B, n, nbytes)    # its time in the alpha-beta model
 
 Every function that talks runs inside a rank that has joined the default process group
 (``distlab.infra.launch.run_ranks`` does that); ``ring_schedule`` and the cost model are plain
@@ -97,6 +99,90 @@ def ring_schedule(n_ranks: int) -> list[dict]:
     return entries
 
 
+# ---------------------------------------------------------------- the ring's pictures, drawn from ring_schedule
+def _cell(held: frozenset, n: int) -> tuple[str, tuple, str]:
+    """A chunk's label, fill and text colour: darker blue the more ranks its sum holds."""
+    import matplotlib.pyplot as plt
+
+    label = "all" if len(held) == n else "+".join(map(str, sorted(held)))
+    return label, plt.get_cmap("Blues")(0.15 + 0.75 * len(held) / n), "white" if len(held) / n > 0.6 else "black"
+
+
+def _title(entry: dict, n: int) -> str:
+    start = entry["phase"] == "start"
+    return "start: each rank has only its own data" if start else f"{entry['phase']} {entry['step']} of {n - 1}"
+
+
+def ring_figure(n: int = 4):
+    """One grid per step (a row per rank, a column per chunk), each cell naming the ranks its
+    data sums so far; red frames mark the chunk each rank received in that step."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    schedule = ring_schedule(n)
+    fig, axes = plt.subplots(2, n, figsize=(3.0 * n, 6.4))
+    for ax, entry in zip(axes.flat, [schedule[0], *schedule[1:n], None, *schedule[n:]]):  # None: between phases
+        if entry is None:
+            ax.axis("off")
+            note = (
+                "after reduce-scatter,\nrank r holds the full\nsum of chunk r+1;\nall-gather passes\nthe full sums on"
+            )
+            ax.text(0.5, 0.5, note, ha="center", va="center", fontsize=10, transform=ax.transAxes)
+            continue
+        ax.set(xlim=(-0.5, n - 0.5), ylim=(n - 0.5, -0.5), aspect="equal")
+        ax.set_xticks(range(n), [f"chunk {c}" for c in range(n)], fontsize=8)
+        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=8)
+        ax.tick_params(length=0)
+        ax.spines[:].set_visible(False)
+        for r in range(n):
+            for c in range(n):
+                label, fill, text = _cell(entry["holds"][r][c], n)
+                ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fc=fill, ec="white", lw=1.5))
+                ax.text(c, r, label, ha="center", va="center", fontsize=8.5, color=text)
+            if (got := entry["receives"][r]) is not None:  # the chunk received in this step: a red frame
+                ax.add_patch(Rectangle((got - 0.46, r - 0.46), 0.92, 0.92, fill=False, ec="#d62728", lw=2.2))
+        ax.set_title(_title(entry, n), fontsize=10)
+    fig.suptitle(f"Ring all-reduce on {n} ranks: whose data each chunk sums (red: received in this step)", fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def step_html(entry: dict, n: int) -> str:
+    """One step of the ring as an HTML table, with a sentence saying what moved."""
+    from matplotlib.colors import to_hex
+
+    rows = []
+    for r in range(n):
+        cells = ""
+        for c in range(n):
+            label, fill, text = _cell(entry["holds"][r][c], n)
+            border = "#d62728" if entry["receives"][r] == c else "white"
+            style = f"background:{to_hex(fill)};color:{text};border:3px solid {border};width:5.5em;height:2.2em"
+            cells += f'<td style="{style};text-align:center;font-family:monospace">{label}</td>'
+        rows.append(f'<tr><th style="padding-right:0.6em;text-align:right">rank {r}</th>{cells}</tr>')
+    what = f"Each rank holds only its own tensor, cut into {n} chunks."
+    if entry["phase"] != "start":
+        verb = "adds it into its own" if entry["phase"] == "reduce-scatter" else "overwrites its own copy"
+        sends = ", ".join(f"rank {r} → chunk {entry['sends'][r]}" for r in range(n))
+        what = f"Every rank sends one chunk to its right neighbour ({sends}); each receiver {verb} (red frame)."
+    header = "<tr><th></th>" + "".join(f"<th>chunk {c}</th>" for c in range(n)) + "</tr>"
+    table = f"<table style='border-collapse:collapse'>{header}{''.join(rows)}</table>"
+    return f"<div style='font-size:0.95em'><b>{_title(entry, n)}</b><p>{what}</p>{table}</div>"
+
+
+def ring_widget(n: int = 4):
+    """The steps behind a slider and a play button, rendered in advance: no kernel needed."""
+    import ipywidgets as widgets
+
+    schedule = ring_schedule(n)
+    views = widgets.Stack([widgets.HTML(step_html(e, n)) for e in schedule], selected_index=0)
+    slider = widgets.IntSlider(value=0, min=0, max=len(schedule) - 1, description="step")
+    play = widgets.Play(value=0, min=0, max=len(schedule) - 1, interval=1500)
+    widgets.jslink((play, "value"), (slider, "value"))  # links run in the browser: no Python callback
+    widgets.jslink((slider, "value"), (views, "selected_index"))
+    return widgets.VBox([widgets.HBox([play, slider]), views])
+
+
 def ring_bytes_sent_per_rank(numel: int, n_ranks: int, element_size: int) -> float:
     """Bytes each rank sends in a ring all-reduce: 2(N-1)/N of the tensor.
 
@@ -104,6 +190,11 @@ def ring_bytes_sent_per_rank(numel: int, n_ranks: int, element_size: int) -> flo
     tensor (exact when N divides numel; otherwise chunk sizes differ by one element).
     """
     return 2 * (n_ranks - 1) / n_ranks * numel * element_size
+
+
+def model_time(alpha: float, bandwidth: float, n: int, nbytes: int) -> float:
+    """The ring's alpha-beta model: 2(N-1) latencies plus 2(N-1)/N of the bytes at ``bandwidth``."""
+    return 2 * (n - 1) * alpha + ring_bytes_sent_per_rank(nbytes, n, 1) / bandwidth
 
 
 def blocking_ring_send_first(tensor: torch.Tensor) -> torch.Tensor:

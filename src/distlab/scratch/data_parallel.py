@@ -69,14 +69,19 @@ def replicate(module: nn.Module, devices: list[torch.device]) -> list[nn.Module]
 
     Each module object is copied (a new ``__dict__``, so replicas can run in threads without
     sharing state), and each parameter becomes ``p.to(device, copy=True)``: a new tensor whose
-    gradient autograd routes back to ``p``. Tied parameters are copied once, so they stay tied.
-    Buffers are moved, not copied, as in torch's ``replicate`` (only the original's are updated).
+    gradient autograd routes back to ``p`` (a frozen one's copy needs no gradient and gets none).
+    Tied parameters are copied once, so they stay tied. Buffers, as in torch's ``replicate``:
+    the first replica uses the original's, so its in-place updates (BatchNorm's running
+    statistics, from its chunk of the batch) are kept; the others get copies, thrown away.
     """
-    return [_replica(module, device) for device in devices]
+    return [_replica(module, device, first=i == 0) for i, device in enumerate(devices)]
 
 
-def _replica(module: nn.Module, device: torch.device) -> nn.Module:
+def _replica(module: nn.Module, device: torch.device, first: bool) -> nn.Module:
     params = {p: p.to(device, copy=True) for p in module.parameters()}  # dedups tied weights
+    # .to(device) alone returns the original when it is already there: with every replica on
+    # the CPU, all threads would update the same running statistics at once
+    buffers = {b: b.to(device, copy=not first) for b in module.buffers()}
     copies = {}
     for m in module.modules():
         copy = m.__new__(type(m))
@@ -85,7 +90,7 @@ def _replica(module: nn.Module, device: torch.device) -> nn.Module:
     for m, copy in copies.items():
         copy._modules = {k: None if v is None else copies[v] for k, v in m._modules.items()}
         copy._parameters = {k: None if p is None else params[p] for k, p in m._parameters.items()}
-        copy._buffers = {k: None if b is None else b.to(device) for k, b in m._buffers.items()}
+        copy._buffers = {k: None if b is None else buffers[b] for k, b in m._buffers.items()}
     return copies[module]
 
 

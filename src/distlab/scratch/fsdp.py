@@ -1,17 +1,23 @@
 """Fully sharded data parallel from scratch: flat shards, gathered per unit, freed after use.
 
-    fsdp = shard_model(model)          # on every rank, same weights: each keeps 1/N of them
+    fsdp = shard_model(model, {Block})  # on every rank, same weights: each keeps 1/N of them
     optimizer = torch.optim.AdamW(model.parameters())   # sees only the shards: ZeRO-1/2/3
-    model(x, y)[1].backward()          # hooks all-gather, free and reduce-scatter per unit
+    model(x, y)[1].backward()           # hooks all-gather, free and reduce-scatter per unit
     optimizer.step()
 
-Units follow ``distlab.parallel.apply_fsdp``: each of ``model.blocks`` is one unit and the
-root unit holds the rest (embeddings, final LayerNorm; the head is tied to ``wte``).
-A unit's parameters become one padded flat fp32 tensor, of which a rank keeps its 1/N
-slice as an ``nn.Parameter``. The full flat tensor exists only while the unit computes:
+Any ``nn.Module`` with a unit policy, a set of module classes, as FSDP2's users write it
+(``fully_shard`` on every block, then on the model): every submodule of one of those
+classes is a unit, and the root unit holds the rest (``distlab.scratch.fsdp_units``). A
+unit's parameters become one padded flat fp32 tensor, of which a rank keeps its 1/N slice
+as an ``nn.Parameter``. The full flat tensor exists only while the unit computes:
 
-    forward:  all-gather -> forward -> free (blocks; the root keeps it for backward)
+    forward:  all-gather -> forward -> free (units; the root keeps it for backward)
     backward: all-gather again (if freed) -> backward -> reduce-scatter the gradient -> free
+
+``compute_dtype=torch.bfloat16`` is FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)``: the fp32 shards (the master weights) are cast to bf16 before the
+all-gather, each unit computes in bf16 (its floating-point inputs are cast, as FSDP2's
+``cast_forward_inputs`` does), and the gradients are reduce-scattered in fp32.
 """
 
 from __future__ import annotations
@@ -24,37 +30,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from distlab.scratch.fsdp_units import unit_parameters
+
 
 @dataclass
 class Event:
     """One timed piece of a step on this rank (seconds from ``time.perf_counter``)."""
 
-    unit: str  # "root", "block 0", ...
+    unit: str  # "root", "blocks.0", ...: the unit module's name in the model
     what: str  # "all-gather", "forward", "backward", "reduce-scatter" or "free"
     start: float
     end: float
     gathered_bytes: int  # bytes of full (gathered) flat parameters alive when it ended
-
-
-def unit_parameters(model: nn.Module) -> list[tuple[str, nn.Module, dict]]:
-    """``[(name, module, {parameter: [(owner, attribute), ...]})]``, blocks first, then root.
-
-    A tied parameter (``lm_head.weight is wte.weight``) is one key with two owners, so it
-    is stored, gathered and reduced once. The same traversal on an unwrapped copy of the
-    model gives the same order, which is how the tests line a shard up with a reference.
-    """
-
-    def slots(modules):
-        found: dict[nn.Parameter, list[tuple[nn.Module, str]]] = {}
-        for m in modules:
-            for attr, p in m._parameters.items():
-                if p is not None:
-                    found.setdefault(p, []).append((m, attr))
-        return found
-
-    in_blocks = {m for block in model.blocks for m in block.modules()}
-    units = [(f"block {i}", b, slots(b.modules())) for i, b in enumerate(model.blocks)]
-    return units + [("root", model, slots(m for m in model.modules() if m not in in_blocks))]
 
 
 class FlatShardUnit:
@@ -70,20 +57,20 @@ class FlatShardUnit:
         total = sum(self.numels)
         self.padding = math.ceil(total / n) * n - total  # so that N equal slices cover it
         flat = torch.cat(
-            [p.detach().reshape(-1) for p in params] + [params[0].new_zeros(self.padding)]
-        ).float()  # (padded,)
+            [p.detach().reshape(-1).float() for p in params] + [params[0].new_zeros(self.padding, dtype=torch.float32)]
+        )  # (padded,) fp32 whatever the model's dtype: the master weights
         # this rank's slice is the only lasting copy: the optimizer sees nothing else
         self.shard = nn.Parameter(flat.chunk(n)[rank].clone())  # (padded / N,)
         module.register_parameter("flat_shard", self.shard)
-        # the full flat tensor: a leaf whose .grad collects the unit's whole gradient;
-        # it keeps its shape for good, its storage only while the unit is gathered
-        self.full = flat.requires_grad_(True)  # (padded,)
+        # the full flat tensor, in the compute dtype: a leaf whose .grad collects the unit's
+        # whole gradient; it keeps its shape for good, its storage only while gathered
+        self.full = flat.to(owner.compute_dtype or flat.dtype).requires_grad_(True)  # (padded,)
         self.owners = list(slots.values())
         for owners in self.owners:  # drop the originals: no full copy survives wrapping
             for m, attr in owners:
                 del m._parameters[attr]
         self.free()
-        module.register_forward_pre_hook(self._pre_forward)
+        module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         module.register_forward_hook(self._post_forward)
         self.full.register_post_accumulate_grad_hook(self._post_backward)
 
@@ -107,8 +94,9 @@ class FlatShardUnit:
         start = time.perf_counter()
         storage.resize_(self.full.numel() * self.full.element_size())
         # write through .data: no version-counter bump, so the tensors autograd saved
-        # in forward (views of this same storage) are valid again for backward
-        dist.all_gather_single(self.full.data, self.shard.data, group=self.group)
+        # in forward (views of this same storage) are valid again for backward. The shard
+        # is cast first (a no-op in fp32): in bf16 half the bytes cross the wire
+        dist.all_gather_single(self.full.data, self.shard.data.to(self.full.dtype), group=self.group)
         self._record("all-gather", start)
 
     def free(self) -> None:
@@ -118,12 +106,18 @@ class FlatShardUnit:
         self._point_modules_at([None] * len(self.owners))
         self._record("free", start)
 
-    def _pre_forward(self, module, args) -> None:
+    def _pre_forward(self, module, args, kwargs):
         self.gather()
         # fresh views each forward, made with autograd on: their gradients flow into full
         views = torch.split(self.full, self.numels + [self.padding])
         self._point_modules_at([v.view(shape) for v, shape in zip(views, self.shapes)])
         self.forward_start = time.perf_counter()
+        dtype = self.owner.compute_dtype
+        if dtype is None:
+            return None
+        # floating-point inputs computed in the unit's dtype (FSDP2: cast_forward_inputs=True)
+        cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+        return tuple(map(cast, args)), {k: cast(v) for k, v in kwargs.items()}
 
     def _post_forward(self, module, args, output):
         self._record("forward", self.forward_start)
@@ -133,7 +127,7 @@ class FlatShardUnit:
             if isinstance(t, torch.Tensor) and t.requires_grad
         ]
         # ZeRO-3: keep nothing but the shard until backward. Not the root: backward starts
-        # with the head, which needs the root's parameters at once. No backward, no keeping.
+        # with the layers that ran last, which are usually the root's. No backward, no keeping.
         if not outputs or (self.owner.reshard_after_forward and not self.is_root):
             self.free()
         if outputs:  # fires at the first gradient of an output: before the unit's backward
@@ -152,10 +146,12 @@ class FlatShardUnit:
         self._record("backward", self.backward_start)
         start = time.perf_counter()
         n = dist.get_world_size(self.group)
-        shard_grad = torch.empty_like(self.shard)  # (padded / N,)
+        shard_grad = torch.empty_like(self.shard)  # (padded / N,) fp32
+        # reduced in the shard's dtype (fp32), however the unit computed: bf16 sums lose bits.
         # SUM then divide: the loss is a mean over the global batch, so the gradient is
         # the mean of the ranks' gradients. Forgetting the division multiplies it by N.
-        dist.reduce_scatter_single(shard_grad, full.grad, op=dist.ReduceOp.SUM, group=self.group)
+        grad = full.grad.to(self.shard.dtype)  # (padded,)
+        dist.reduce_scatter_single(shard_grad, grad, op=dist.ReduceOp.SUM, group=self.group)
         shard_grad.div_(n)
         if self.shard.grad is None:
             self.shard.grad = shard_grad
@@ -175,14 +171,21 @@ class ScratchFSDP:
     def __init__(
         self,
         model: nn.Module,
+        units,
         reshard_after_forward: bool = True,
         trace: list[Event] | None = None,
         group: dist.ProcessGroup | None = None,
+        compute_dtype: torch.dtype | None = None,
+        unit_class: type[FlatShardUnit] = FlatShardUnit,
     ):
+        if compute_dtype is not None and not compute_dtype.is_floating_point:
+            raise ValueError(
+                f"compute_dtype must be a floating-point dtype such as torch.bfloat16, got {compute_dtype}"
+            )
         self.model, self.reshard_after_forward, self.trace = model, reshard_after_forward, trace
-        self.group, self.units = group, []
-        for name, module, slots in unit_parameters(model):  # all found before any is sharded
-            self.units.append(FlatShardUnit(name, module, slots, self))
+        self.group, self.compute_dtype, self.units = group, compute_dtype, []
+        for name, module, slots in unit_parameters(model, units):  # all found before any is sharded
+            self.units.append(unit_class(name, module, slots, self))
 
     def gathered_bytes(self) -> int:
         """Bytes this rank holds right now in full (gathered) flat parameters."""
@@ -191,9 +194,18 @@ class ScratchFSDP:
 
 def shard_model(
     model: nn.Module,
+    units,
+    *,
     reshard_after_forward: bool = True,
     trace: list[Event] | None = None,
     group: dist.ProcessGroup | None = None,
+    compute_dtype: torch.dtype | None = None,
+    unit_class: type[FlatShardUnit] = FlatShardUnit,
 ) -> ScratchFSDP:
-    """Shard ``model`` in place (call on every rank of ``group``, all holding the same weights)."""
-    return ScratchFSDP(model, reshard_after_forward, trace, group)
+    """Shard ``model`` in place (call on every rank of ``group``, all holding the same weights).
+
+    ``units``: the unit policy, module classes (``{Block}``); every submodule of one of them
+    is a unit, the rest goes to the root. ``compute_dtype``: compute in it (bf16), keep fp32
+    shards and reduce in fp32. ``unit_class``: a ``FlatShardUnit`` subclass to build the units with.
+    """
+    return ScratchFSDP(model, units, reshard_after_forward, trace, group, compute_dtype, unit_class)

@@ -17,6 +17,10 @@ import json
 from distlab.infra.paths import REPO_ROOT
 from distlab.tools.memory_calculator import DTYPES, GB, MODELS, OPTIMIZERS, PARTS, STRATEGIES, calculator_data, estimate
 
+# the rows of the calculator: model state, then what a step holds for a while (FSDP2's gathered
+# parameters and the activations, both at their peak)
+SHOWN = (*PARTS, "gathered", "activations")
+
 
 def format_bytes(n: float) -> str:
     """Decimal units, as the ZeRO paper uses: 1 GB = 1e9 bytes."""
@@ -96,7 +100,7 @@ def calculator_widget():
         print(format_estimate(est))
         fig, ax = plt.subplots(figsize=(7, 1.2))
         left = 0.0
-        for part in (*PARTS, "activations"):
+        for part in SHOWN:
             if est[part]:
                 ax.barh(0, est[part] / GB, left=left / GB, label=part)
                 left += est[part]
@@ -110,9 +114,6 @@ def calculator_widget():
 
 def format_estimate(est: dict) -> str:
     """The calculator's table as text: one line per part, then the total."""
-    shown = {
-        part: "n/a (no architecture)" if est[part] is None else format_bytes(est[part])
-        for part in (*PARTS, "activations")
-    }
+    shown = {part: "n/a (no architecture)" if est[part] is None else format_bytes(est[part]) for part in SHOWN}
     lines = [f"{part:12} {text:>22}" for part, text in shown.items()]
     return "\n".join(lines + [f"{'total':12} {format_bytes(est['total']):>22}"])

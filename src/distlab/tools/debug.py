@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from distlab.parallel import first_differing_parameter
+
 
 # --- begin lockstep ---
 class CollectiveMismatch(RuntimeError):
@@ -89,20 +91,10 @@ def check_replicas(model: nn.Module, group=None) -> None:
     all-gather: cheap enough to run every few hundred steps. Equal sums do not prove equal
     weights, but replicas that drift apart change them at once.
     """
-    names, params = zip(*model.named_parameters())
-    mine = torch.stack(
-        [torch.stack([p.detach().double().sum(), p.detach().double().square().sum()]) for p in params]
-    ).cpu()  # (n_params, 2)
-    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(everyone, mine, group=group)
-    for rank, theirs in enumerate(everyone):
-        differs = (theirs != everyone[0]).any(dim=1).nonzero()
-        if len(differs):
-            i = differs[0].item()
-            raise ReplicasDiverged(
-                f"rank {rank}'s '{names[i]}' differs from rank 0's: sums "
-                f"{theirs[i, 0].item():.9g} vs {everyone[0][i, 0].item():.9g}"
-            )
+    differing = first_differing_parameter(model, group)  # the same checksums that guard fully_shard
+    if differing:
+        rank, name, theirs, rank0 = differing
+        raise ReplicasDiverged(f"rank {rank}'s '{name}' differs from rank 0's: sums {theirs:.9g} vs {rank0:.9g}")
 
 
 # --- end replicas ---

@@ -2,24 +2,28 @@
 
     per_rank_bytes(7.5e9, ranks=64, dtype="bf16_mixed", strategy="zero1")  # the ZeRO paper's 31.4 GB
     estimate("shakespeare", ranks=4, strategy="zero3", micro_batch=16, seq_len=256)
-    exact_adamw_state_bytes(shapes, ranks=4, rank=3, fsdp2=True)  # to the byte, from the shapes
 
 Model state is counted as the ZeRO paper counts it (Rajbhandari et al., arXiv 1910.02054,
 Section 5): a number of bytes per parameter for each part (parameters, gradients, optimizer
 state), divided by the number of ranks that share the part when the strategy shards it.
-Activations are not sharded by data parallelism: each rank keeps those of its own
-micro-batch. This module is the one source of truth: the page in ``distlab.tools.calculator_page``
-(HTML form and ipywidgets) only multiplies the coefficients ``calculator_data()`` exports. The
-bytes measured on real DDP and FSDP2 ranks, to check these formulas against, are an experiment
-of the ZeRO memory chapter: ``distlab.chapters.zero_memory.measure_one_step``.
+On top of that model state, ``estimate`` adds the two things a step holds for a while: the
+whole parameters FSDP2 gathers (``gathered_params``), and the activations at their peak in
+backward (``activation_bytes``), both in the precision the forward computes in. Activations
+are not sharded by data parallelism: each rank keeps those of its own micro-batch.
+
+This module is the one source of truth: the page in ``distlab.tools.calculator_page`` (HTML
+form and ipywidgets) only multiplies the coefficients ``calculator_data()`` exports. What the
+formulas are checked against: ``distlab.tools.memory_checks`` (the paper's Table 1, the exact
+layout of DDP and FSDP2 state) and the ZeRO memory chapter's measurements on real ranks
+(``distlab.chapters.zero_memory``).
 """
 
 from __future__ import annotations
 
-import math
+import torch
 
 from distlab.memory import activation_bytes_formula
-from distlab.model import GPTConfig, parameter_formula, preset
+from distlab.model import Block, GPTConfig, parameter_formula, preset
 
 GB = 1e9  # the ZeRO paper's GB: 16 bytes x 7.5e9 parameters = 120e9 bytes, its "120 GB"
 PARTS = ("params", "grads", "optimizer")
@@ -33,20 +37,28 @@ OPTIMIZERS = {"adamw": 8, "sgd_momentum": 4, "sgd": 0}
 # --- end coefficients ---
 
 # --- begin strategies ---
-# which parts each strategy divides, and by how many ranks ("ranks": all N, "group": g)
+# which parts each strategy divides, and by how many ranks ("ranks": all N, "group": g); and
+# which whole parameters FSDP2 holds on top of its shards at the peak of a step ("gathered"):
+# "units", the root and two blocks (the one computing and the one prefetched), or "model"
 STRATEGIES = {
-    "ddp": {"label": "DDP (no sharding)", "sharded": (), "divisor": "ranks"},
-    "zero1": {"label": "ZeRO-1: optimizer state", "sharded": ("optimizer",), "divisor": "ranks"},
-    "zero2": {"label": "ZeRO-2: + gradients", "sharded": ("optimizer", "grads"), "divisor": "ranks"},
-    "zero3": {"label": "ZeRO-3 = FSDP2 fully_shard", "sharded": PARTS, "divisor": "ranks"},
-    # reshard_after_forward=False keeps every unit's gathered parameters from forward to
-    # backward, so during the step the parameters are whole on every rank, as in ZeRO-2
+    "ddp": {"label": "DDP (no sharding)", "sharded": (), "divisor": "ranks", "gathered": None},
+    "zero1": {"label": "ZeRO-1: optimizer state", "sharded": ("optimizer",), "divisor": "ranks", "gathered": None},
+    "zero2": {"label": "ZeRO-2: + gradients", "sharded": ("optimizer", "grads"), "divisor": "ranks", "gathered": None},
+    "zero3": {"label": "ZeRO-3 = FSDP2 fully_shard", "sharded": PARTS, "divisor": "ranks", "gathered": "units"},
+    # reshard_after_forward=False: the same shards, and each unit's gathered parameters alive
+    # from its forward to its backward, so when backward starts every unit is whole
     "fsdp2_no_reshard": {
         "label": "FSDP2 reshard_after_forward=False",
-        "sharded": ("optimizer", "grads"),
+        "sharded": PARTS,
         "divisor": "ranks",
+        "gathered": "model",
     },
-    "hybrid": {"label": "hybrid: shard in groups of g, replicate across", "sharded": PARTS, "divisor": "group"},
+    "hybrid": {
+        "label": "hybrid: shard in groups of g, replicate across",
+        "sharded": PARTS,
+        "divisor": "group",
+        "gathered": "units",
+    },
 }
 # --- end strategies ---
 
@@ -110,81 +122,102 @@ def per_rank_bytes(
     return out
 
 
-def zero_paper_bytes(psi: float, n_d: int, stage: int, k: int = 12) -> float:
-    """The paper's own formulas (its Figure 1): baseline (2+2+K)Ψ, P_os 4Ψ + KΨ/N_d,
-    P_os+g 2Ψ + (2+K)Ψ/N_d, P_os+g+p (4+K)Ψ/N_d."""
-    return [(4 + k) * psi, 4 * psi + k * psi / n_d, 2 * psi + (2 + k) * psi / n_d, (4 + k) * psi / n_d][stage]
-
-
-# Table 1 of the paper (arXiv 1910.02054, Section 5.2), per-device GB, printed as strings
-# because the printed digits are part of the check: {model: {stage: [N_d=1, 4, 16, 64, 256, 1024]}}
-PAPER_DP = (1, 4, 16, 64, 256, 1024)
-PAPER_TABLE_1 = {
-    7.5e9: {1: "120 52.5 35.6 31.4 30.4 30.1", 2: "120 41.3 21.6 16.6 15.4 15.1", 3: "120 30 7.5 1.88 0.47 0.12"},
-    128e9: {1: "2048 896 608 536 518 513", 2: "2048 704 368 284 263 257", 3: "2048 512 128 32 8 2"},
-    1e12: {
-        1: "16000 7000 4750 4187 4046 4011",
-        2: "16000 5500 2875 2218 2054 2013",
-        3: "16000 4000 1000 250 62.5 15.6",
-    },
-}
-
-
-def agrees_with_print(value: float, printed: str) -> str | None:
-    """'rounded' or 'truncated' if ``value`` printed to ``printed``'s decimals gives it, else None."""
-    decimals = len(printed.partition(".")[2])
-    scale = 10**decimals
-    if math.floor(value * scale + 0.5 + 1e-9) / scale == float(printed):
-        return "rounded"
-    if math.floor(value * scale + 1e-9) / scale == float(printed):
-        return "truncated"
-    return None
-
-
 # --- begin activations ---
-def activation_bytes(cfg: GPTConfig, batch: int, seq_len: int, checkpointing: bool = False) -> dict[str, int]:
-    """Activation bytes on one rank for a micro-batch of ``batch`` sequences (fp32).
+VALUE_BYTES = {"fp32": 4, "bf16_mixed": 2}  # bytes per activation value: the precision the forward computes in
+MOMENTS = ("loss", "last block")  # where backward can reach its peak
+
+
+def activation_bytes(
+    cfg: GPTConfig, batch: int, seq_len: int, checkpointing: bool = False, dtype: str = "fp32"
+) -> dict[str, int | str]:
+    """Activation bytes on one rank for a micro-batch of ``batch`` sequences of ``seq_len``.
 
     ``saved``: what autograd keeps after the forward pass. Without checkpointing, every
     block's saved tensors (``activation_bytes_formula``). With each block checkpointed, only
-    each block's input, B*T*C fp32 values, plus what the layers outside the blocks save.
-    ``peak`` adds, with checkpointing, one block's saved tensors: the backward pass recomputes
-    one block at a time and holds its activations until that block's backward is done.
+    each block's (B, T, C) input, plus what the layers outside the blocks save.
+    ``recompute``: with checkpointing, one block's saved tensors, rebuilt in backward.
+    ``peak`` is ``saved`` plus the most that backward adds at one moment, ``at`` one of two:
+    * "loss": log-softmax's backward holds the gradients of its output and of the logits,
+      two (B, T, V) fp32 tensors (fp32 in bf16 too: the loss is computed from logits.float());
+    * "last block": the recomputed block, if any, and the MLP's backward: the gradients of
+      the block's output (BTC) and of the hidden layer (4BTC), the down-projection's weight
+      and bias gradients (4C^2 + C) and the tied head's weight gradient, held until the
+      embedding's is added to it (VC); by then the log-softmax output (BTV, fp32) and the
+      final LayerNorm's tensors (2BTC + 2BT) are freed.
+    The caller must drop the logits (``model(x, y)[1]``); keeping them adds (B, T, V) values.
     """
     if batch < 1 or not 1 <= seq_len <= cfg.block_size:
         raise ValueError(
             f"need batch >= 1 and 1 <= seq_len <= block_size {cfg.block_size}, got batch={batch}, seq_len={seq_len}"
         )
-    full = activation_bytes_formula(cfg, batch, seq_len)
-    if not checkpointing:
-        return {"saved": full["total"], "recompute": 0, "peak": full["total"]}
-    kept_inputs = cfg.n_layer * 4 * batch * seq_len * cfg.n_embd  # (B, T, C) fp32 per block
-    saved = kept_inputs + full["outside_blocks"]
-    return {"saved": saved, "recompute": full["per_block"], "peak": saved + full["per_block"]}
+    _choice("dtype", dtype, VALUE_BYTES)
+    w, B, T, C, V = VALUE_BYTES[dtype], batch, seq_len, cfg.n_embd, cfg.vocab_size
+    full = activation_bytes_formula(cfg, B, T, w)
+    saved, recompute = full["total"], 0
+    if checkpointing:
+        saved, recompute = cfg.n_layer * w * B * T * C + full["outside_blocks"], full["per_block"]
+    freed = 4 * B * T * V + w * (2 * B * T * C + 2 * B * T)
+    added = {
+        "loss": 2 * 4 * B * T * V,
+        "last block": recompute + w * (5 * B * T * C + 4 * C * C + C + V * C) - freed,
+    }
+    at = max(MOMENTS, key=added.get)
+    return {"saved": saved, "recompute": recompute, "peak": saved + added[at], "at": at, "added": added}
 
 
 # --- end activations ---
 
 
-def activation_coefficients(cfg: GPTConfig, checkpointing: bool) -> dict[str, int]:
-    """``peak`` activations as bytes per token (x B*T), per position (x T) and a constant.
+def activation_coefficients(cfg: GPTConfig, checkpointing: bool, dtype: str) -> list[dict[str, int]]:
+    """The ``peak`` as the larger of two affine functions of (B*T, T, 1), one per moment of
+    ``MOMENTS``: bytes per token (x B*T), per position (x T) and a constant.
 
-    The formula is exact and affine in (B*T, T, 1), so three evaluations give the three
-    coefficients; two more check that it still is affine.
+    Each moment's bytes are exact and affine, so three evaluations give its three coefficients;
+    two more check that it still is affine. The page's script takes the larger of the two.
     """
-    f = lambda b, t: activation_bytes(cfg, b, t, checkpointing)["peak"]  # noqa: E731
-    per_token = f(2, 1) - f(1, 1)
-    per_position = f(1, 2) - f(1, 1) - per_token
-    constant = f(1, 1) - per_token - per_position
-    for b, t in ((3, 2), (2, 2)):
-        assert f(b, t) == per_token * b * t + per_position * t + constant, "activations not affine"
-    return {"per_token": per_token, "per_position": per_position, "constant": constant}
+    out = []
+    for moment in MOMENTS:
+
+        def f(b: int, t: int, moment: str = moment) -> int:
+            a = activation_bytes(cfg, b, t, checkpointing, dtype)
+            return a["saved"] + a["added"][moment]
+
+        per_token = f(2, 1) - f(1, 1)
+        per_position = f(1, 2) - f(1, 1) - per_token
+        constant = f(1, 1) - per_token - per_position
+        for b, t in ((3, 2), (2, 2)):
+            assert f(b, t) == per_token * b * t + per_position * t + constant, "activations not affine"
+        out.append({"per_token": per_token, "per_position": per_position, "constant": constant})
+    return out
 
 
 def model_params(model: str) -> float:
     _choice("model", model, MODELS)
     spec = MODELS[model]
     return spec["params"] if "params" in spec else parameter_formula(spec["config"])
+
+
+def fsdp2_unit_params(cfg: GPTConfig) -> dict[str, int]:
+    """Parameters of one block and of the root (the rest: embeddings, final LayerNorm; the
+    head is tied) when each block is an FSDP2 unit, as ``distlab.parallel.apply_fsdp`` makes them."""
+    with torch.device("meta"):  # shapes only, no memory
+        block = sum(p.numel() for p in Block(cfg).parameters())
+    return {"block": block, "root": parameter_formula(cfg) - cfg.n_layer * block}
+
+
+def gathered_params(strategy: str, n_params: float, cfg: GPTConfig | None) -> float | None:
+    """Whole parameters held on top of the shards at the peak of a step: none for DDP and
+    ZeRO-1/2 (their parameters are whole anyway); the root and two blocks under FSDP2 with
+    resharding, which needs the architecture (None without one); every unit without."""
+    kind = STRATEGIES[strategy]["gathered"]
+    if kind is None:
+        return 0
+    if kind == "model":
+        return n_params
+    if cfg is None:
+        return None
+    units = fsdp2_unit_params(cfg)
+    return units["root"] + min(2, cfg.n_layer) * units["block"]
 
 
 def estimate(
@@ -200,47 +233,21 @@ def estimate(
 ) -> dict:
     """Everything the calculator shows: bytes per rank of each part and the total.
 
-    ``model`` is a name in ``MODELS`` or a number of parameters; activations (peak, fp32)
-    need a GPT config, so they are ``None`` for the 7.5B and free-count models.
+    ``model`` is a name in ``MODELS`` or a number of parameters. ``gathered``: whole parameters
+    in the compute dtype that FSDP2 holds at the peak (``gathered_params``); ``activations``:
+    their peak (``activation_bytes``) in the compute dtype. Both need a GPT config where they
+    depend on the architecture, and are ``None`` (not counted) for the 7.5B and free-count models.
     """
     n_params = model if isinstance(model, (int, float)) else model_params(model)
     out = per_rank_bytes(n_params, ranks, dtype, optimizer, strategy, group_size)
     cfg = MODELS[model].get("config") if isinstance(model, str) else None
+    gathered = gathered_params(strategy, n_params, cfg)
+    out["gathered"] = None if gathered is None else DTYPES[dtype]["params"] * gathered
     out["activations"] = None
     if cfg is not None:
-        out["activations"] = activation_bytes(cfg, micro_batch, seq_len or cfg.block_size, activation_checkpointing)[
-            "peak"
-        ]
-        out["total"] = out["total"] + out["activations"]
-    return out
-
-
-def fsdp2_local_rows(rows: int, ranks: int, rank: int) -> int:
-    """Rows of a dim-0-sharded tensor on ``rank``: chunks of ceil(rows/N); the last ranks
-    may hold fewer, or none."""
-    chunk = -(-rows // ranks)
-    return max(0, min(rows, (rank + 1) * chunk) - rank * chunk)
-
-
-def exact_adamw_state_bytes(
-    shapes: list[tuple[int, ...]], ranks: int, rank: int, fsdp2: bool, storage: bool = False
-) -> dict[str, int]:
-    """fp32 AdamW state on one rank, tensor by tensor, as DDP or FSDP2 lays it out.
-
-    Under FSDP2 each tensor is split along dim 0. ``storage=False`` counts what ``to_local()``
-    shows (``distlab.memory.state_bytes``); ``storage=True`` counts the memory allocated:
-    FSDP2 pads parameters and gradients to ceil(rows/N) rows on every rank, while AdamW's
-    moments (``zeros_like`` of the local shard) are not padded. AdamW also keeps a 4-byte
-    ``step`` tensor per parameter tensor.
-    """
-    local = padded = 0
-    for shape in shapes:
-        rows, per_row = shape[0], math.prod(shape[1:])
-        local += per_row * (fsdp2_local_rows(rows, ranks, rank) if fsdp2 else rows)
-        padded += per_row * (-(-rows // ranks) if fsdp2 else rows)
-    weights = 4 * (padded if storage else local)
-    out = {"params": weights, "grads": weights, "optimizer": 2 * 4 * local + 4 * len(shapes)}
-    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+        seq_len = seq_len or cfg.block_size
+        out["activations"] = activation_bytes(cfg, micro_batch, seq_len, activation_checkpointing, dtype)["peak"]
+    out["total"] = out["total"] + (out["gathered"] or 0) + (out["activations"] or 0)
     return out
 
 
@@ -254,7 +261,11 @@ def calculator_data() -> dict:
             "label": spec["label"],
             "params": model_params(name),
             "block_size": cfg.block_size if cfg else None,
-            "activations": {"off": activation_coefficients(cfg, False), "on": activation_coefficients(cfg, True)}
+            "gathered_units": gathered_params("zero3", model_params(name), cfg),
+            "activations": {
+                d: {"off": activation_coefficients(cfg, False, d), "on": activation_coefficients(cfg, True, d)}
+                for d in VALUE_BYTES
+            }
             if cfg
             else None,
         }
@@ -262,7 +273,12 @@ def calculator_data() -> dict:
         "parts": list(PARTS),
         "bytes_per_param": {d: {o: bytes_per_param(d, o) for o in OPTIMIZERS} for d in DTYPES},
         "strategies": {
-            s: {"label": v["label"], "divisor": v["divisor"], "sharded": {p: p in v["sharded"] for p in PARTS}}
+            s: {
+                "label": v["label"],
+                "divisor": v["divisor"],
+                "sharded": {p: p in v["sharded"] for p in PARTS},
+                "gathered": v["gathered"],
+            }
             for s, v in STRATEGIES.items()
         },
         "models": models,
