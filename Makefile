@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book book-fresh test lint browser vendor lock clean
+.PHONY: book book-fresh test test-gpu lint browser vendor lock clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,11 @@ $(STAMP): requirements.txt pyproject.toml
 # Strict, with Jupyter Book's execution cache (_config.yml): a rebuild re-executes only the pages
 # whose code cells changed. A change under src/ is not seen by the cache: `make book-fresh`
 # executes every page from scratch, as `make test` and CI always do.
+# Pinned to the CPU, on a machine with GPUs too, so the book shows the same results everywhere:
+# DISTLAB_DEVICE=cpu makes every `--device auto` the CPU, and the empty CUDA_VISIBLE_DEVICES
+# hides the GPUs from every process (`make test` does the same in tests/conftest.py).
 book: $(STAMP)
-	$(BIN)/jupyter-book build book -W -n --keep-going
+	DISTLAB_DEVICE=cpu CUDA_VISIBLE_DEVICES= $(BIN)/jupyter-book build book -W -n --keep-going
 	@echo "The book is in _build/html/index.html"
 
 book-fresh:
@@ -39,8 +42,16 @@ lint: $(STAMP)
 # files go to a worker (loadfile), and tests/conftest.py schedules the two files that read the
 # build (the notebook and browser tests) as one, so one worker builds once and the other is
 # never blocked. (Not loadgroup: with pytest 9.2 it silently stops grouping, pytest-xdist#1386.)
+# The tests run pinned to the CPU (tests/conftest.py) and leave out the GPU tests (`-m 'not gpu'`
+# in pyproject.toml); `pytest -m gpu` runs those on a machine with CUDA GPUs.
 test: $(STAMP) browser
 	DISTLAB_CHROMIUM="$(CHROMIUM)" $(BIN)/python -m pytest -v --durations=15 -n 2 --dist loadfile
+
+# The opt-in GPU suite (tests/gpu/): labs 1-6 on CUDA/NCCL against lab 1, a GPU checkpoint resumed
+# elsewhere, lab 6's FSDP2 policy, the ring on NCCL. `make test` deselects it (pyproject addopts);
+# without CUDA every test is skipped with its reason.
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -m gpu -v tests/gpu
 
 # The browser tests drive Debian's Chromium through playwright (never a browser that playwright
 # downloads). Installed here when missing, with apt-get; elsewhere pass your own build:

@@ -1,4 +1,4 @@
-"""Shared test set-up: an isolated cache, the xdist schedule and the book build.
+"""Shared test set-up: the CPU pin, the xdist schedule and the book build.
 Helpers that tests import live in support/."""
 
 from __future__ import annotations
@@ -14,6 +14,23 @@ import yaml
 from filelock import FileLock
 
 from distlab.infra.paths import REPO_ROOT
+
+
+def pytest_configure(config):
+    """Pin the suite to the CPU, on a machine with GPUs too, unless the run selects the GPU tests.
+
+    ``DISTLAB_DEVICE=cpu`` makes every ``pick_device("auto")`` the CPU, in this process, the
+    ranks it launches and the book build's kernels, and the empty ``CUDA_VISIBLE_DEVICES`` hides
+    the GPUs from all of them: the CPU suite gives the same results on any machine (on GPUs,
+    "auto" would switch the ranks to NCCL, which the gloo tests do not expect). Set here, before
+    any test module is imported, so nothing has asked CUDA anything yet. ``pytest -m gpu``
+    (the mark expression then names ``gpu`` without ``not``) keeps the GPUs visible.
+    """
+    expression = config.option.markexpr or ""
+    if "gpu" in expression and "not gpu" not in expression:
+        return
+    os.environ["DISTLAB_DEVICE"] = "cpu"
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 @pytest.fixture(scope="session", autouse=True)

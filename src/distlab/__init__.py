@@ -6,12 +6,12 @@ import, and nothing else. An API for six scripts: change it and every lab's diff
     model       the GPT. Frozen: never changed for parallelism (a test holds its sha256)
     data        the corpus (Tiny Shakespeare ships in ``corpus/``), the tokenizer, batches by rank
     runtime     the one place that picks device, backend and dtype; joins the process group
-    parallel    DDP, FSDP2 and activation checkpointing, applied to the model from outside
+    parallel    DDP, FSDP2, activation checkpointing and torch.compile, applied to the model from outside
     checkpoint  save and resume with DCP; plain weights in and out
     accel       lab 6's Accelerator and the checks that turn its quiet fallbacks into errors
     cli         a config dataclass from the command line; one-line errors
     errors      ``UserError``: a mistake the user can fix, reported in one line
-    metrics     metrics.jsonl and summary.json of a run
+    metrics     metrics.jsonl and summary.json of a run; the steps between logs, timed (LogWindow)
     flops       FLOPs per token, the measured matmul peak, MFU
     memory      bytes of model state, activations, and the peak by kind (PyTorch's MemTracker)
 

@@ -9,6 +9,12 @@ MFU here is therefore "of the measured matmul peak". On a GPU whose datasheet is
 ``DATASHEET_PEAKS``, ``utilisation`` gives MFU against the datasheet's dense peak too, the
 number most reports divide by; CPUs have no such figure here.
 
+The float32 matmul precision decides what an fp32 matmul can reach on a GPU: an H100's
+datasheet gives 67 TFLOP/s for true fp32 and 494.5 when TF32 is allowed (the labs' ``--tf32``).
+There is no cache of peaks to key by it: every run times its own peak under its own setting
+and records that setting with the peak (``peak_measured_with``), so no peak is ever read
+under a precision it was not timed with.
+
 An MFU above 1 is a measurement error, not a fast run: the matmul that set the "peak" ran
 slower than the model did (the machine was busier while it was timed). ``utilisation`` says so
 with a warning and records no MFU rather than a wrong one.
@@ -26,12 +32,17 @@ import torch
 import torch.distributed as dist
 
 from distlab.model import GPTConfig
+from distlab.runtime import tf32_enabled
 
 FLOPS_FORMULA = "6 * (12*L*C^2 + V*C) + 12*L*C*T per token (6N for matmul weights, plus attention)"
 
 # Dense peak FLOP/s (no 2:4 sparsity: NVIDIA's "*" figures are twice these) from NVIDIA's
 # datasheets: "NVIDIA A100 Tensor Core GPU" (SXM and PCIe alike), "NVIDIA H100 Tensor Core
 # GPU" (SXM, PCIe, NVL) and "NVIDIA H200 Tensor Core GPU" (SXM, NVL); www.nvidia.com/en-us/data-center/.
+# L4-class (PCIe cards): "NVIDIA L40S" datasheet (FP32 91.6; TF32 183, 366*; BF16 362.05, 733*),
+# "NVIDIA L4 Tensor Core GPU" datasheet (FP32 30.3; TF32 120*; BF16 242*, halved here) and
+# "NVIDIA A10 Tensor Core GPU" datasheet (FP32 31.2; TF32 62.5, 125*; BF16 125, 250*). The A10G
+# (AWS's variant) is another chip with other figures: it has no row.
 # The pattern is searched in torch.cuda.get_device_name(); the first match wins.
 # fp32 is the CUDA cores' rate; tf32 is what an fp32 matmul gets when TF32 is allowed.
 DATASHEET_PEAKS: list[tuple[str, str, dict[str, float]]] = [
@@ -41,6 +52,9 @@ DATASHEET_PEAKS: list[tuple[str, str, dict[str, float]]] = [
     (r"\bH100\b", "H100 SXM", {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12}),
     (r"\bH200 NVL\b", "H200 NVL", {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12}),
     (r"\bH200\b", "H200 SXM", {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12}),
+    (r"\bL40S\b", "L40S", {"fp32": 91.6e12, "tf32": 183e12, "bf16": 362.05e12}),
+    (r"\bL4\b", "L4", {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12}),
+    (r"\bA10\b", "A10", {"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12}),
 ]
 
 
@@ -148,13 +162,22 @@ def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     return _all_reduce(best, dist.ReduceOp.SUM, device) / world
 
 
+def fp32_matmul_precision(device: torch.device) -> str:
+    """The float32 matmul precision set for ``device``'s matmuls (cuBLAS on CUDA, oneDNN on a CPU).
+
+    The per-backend view of torch 2.13: ``torch.get_float32_matmul_precision()``, the legacy one,
+    raises once a program has mixed the legacy and the new setters (see ``runtime.use_tf32``)."""
+    backend = torch.backends.cuda if device.type == "cuda" else torch.backends.mkldnn
+    return backend.matmul.fp32_precision
+
+
 def datasheet_peak(device: torch.device, dtype: torch.dtype) -> tuple[str, float] | None:
     """(GPU and precision, dense peak FLOP/s) from ``DATASHEET_PEAKS``; None for a CPU or a GPU
     not in the table. An fp32 matmul counts at the TF32 rate when TF32 is allowed."""
     if device.type != "cuda":
         return None
     precision = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype)
-    if precision == "fp32" and torch.backends.cuda.matmul.allow_tf32:
+    if precision == "fp32" and tf32_enabled():
         precision = "tf32"
     name = torch.cuda.get_device_name(device)
     for pattern, gpu, peaks in DATASHEET_PEAKS:
@@ -189,6 +212,10 @@ def utilisation(achieved_flops_per_s: float, device: torch.device, dtype: torch.
         "peak_measured_with": {
             "threads_per_rank": torch.get_num_threads() if device.type == "cpu" else None,
             "ranks_at_once": dist.get_world_size() if _in_group() else 1,
+            # what an fp32 matmul was allowed to do while the peak was timed: this device's matmul
+            # setting ("none", unset: true fp32; "tf32"; "bf16"), read where torch 2.13 never raises
+            "float32_matmul_precision": fp32_matmul_precision(device),
+            "tf32": tf32_enabled() if device.type == "cuda" else None,  # TF32 is a GPU's
         },
         "mfu": mfu_or_none(achieved_flops_per_s, peak, "measured matmul peak"),
         "datasheet_peak": None if sheet is None else {"of": sheet[0], "flops_per_s": sheet[1]},

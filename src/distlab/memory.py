@@ -108,6 +108,44 @@ def activation_bytes_formula(cfg: GPTConfig, batch: int, seq_len: int, value_byt
     }
 
 
+def tracker_snapshot(tracker, when: str, device: torch.device) -> dict:
+    """``tracker.get_tracker_snapshot(when)`` ("current" or "peak") for one device: {kind: bytes}.
+
+    PyTorch's memory trackers (``MemTracker``, ``FSDPMemTracker``) keep a breakdown per device.
+    A step on a GPU also makes CPU tensors (AdamW keeps its ``step`` counters on the CPU unless
+    it is fused or capturable: ``_init_group`` in ``torch/optim/adam.py``), which the tracker
+    files under the CPU; so read the device the model lives on, not the snapshot's first.
+    """
+    snapshot = tracker.get_tracker_snapshot(when)
+    device = torch.device(device)
+    if device not in snapshot:
+        seen = ", ".join(map(str, snapshot)) or "none"
+        raise ValueError(f"the memory tracker saw no tensors on {device} (devices it saw: {seen})")
+    return snapshot[device]
+
+
+def device_memory_peaks(device: torch.device | str) -> dict[str, int]:
+    """This process's peak GPU memory on ``device`` since it started (or since
+    ``torch.cuda.reset_peak_memory_stats``), in bytes; ``{}`` off CUDA.
+
+    ``cuda_max_memory_allocated``: the most bytes that tensors occupied at once.
+    ``cuda_max_memory_reserved``: the most bytes PyTorch's caching allocator held from the CUDA
+    driver at once, which is never less. The allocator keeps the blocks that freed tensors
+    leave, to reuse them without asking the driver again, and carves tensors out of larger
+    segments, so gaps between them stay reserved. Reserved is what ``nvidia-smi`` roughly
+    sees of PyTorch; it shows more, since it also counts the CUDA context and what libraries
+    allocate past the allocator (PyTorch's CUDA notes, "Memory management";
+    ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` in ``torch/cuda/memory.py``).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return {}
+    return {
+        "cuda_max_memory_allocated": torch.cuda.max_memory_allocated(device),
+        "cuda_max_memory_reserved": torch.cuda.max_memory_reserved(device),
+    }
+
+
 def activation_peak_bytes(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> dict[str, int]:
     """Activations of one forward and backward, measured by PyTorch's ``MemTracker``: ``saved``,
     the bytes it counts as activations when forward ends, and ``peak``, the most bytes of
@@ -119,19 +157,21 @@ def activation_peak_bytes(model: nn.Module, idx: torch.Tensor, targets: torch.Te
     def activations(snapshot: dict) -> int:
         return sum(n for kind, n in snapshot.items() if str(kind).rsplit(".", 1)[-1] in ("ACT", "TEMP"))
 
+    device = next(model.parameters()).device  # only its bytes: a GPU step makes a few CPU tensors too
+
     class SampledTracker(MemTracker):  # private API of torch 2.13, as StepMemory's
         most = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = super().__torch_dispatch__(func, types, args, kwargs)
-            self.most = max([self.most, *map(activations, self._curr_mem_snap.values())])
+            self.most = max(self.most, activations(self._curr_mem_snap.get(device, {})))
             return out
 
     tracker = SampledTracker()
     tracker.track_external(model)
     with tracker:
         loss = model(idx, targets)[1]
-        (after_forward,) = tracker.get_tracker_snapshot("current").values()
+        after_forward = tracker_snapshot(tracker, "current", device)
         loss.backward()
     model.zero_grad(set_to_none=True)
     return {"saved": activations(after_forward), "peak": tracker.most}
@@ -174,8 +214,8 @@ class StepMemory:
     and GPU alike (private APIs of torch 2.13). It slows the step it watches, so this watches
     the second step a run makes, which the labs leave out of their timing; the first would
     miss AdamW's state, which is created lazily. ``peak`` is the moment this rank held the
-    most bytes, split by kind (the kinds add up to ``total``). On CUDA, ``cuda_max_allocated`` adds the
-    allocator's own peak over the whole run. Disabled, it does nothing.
+    most bytes on the model's device, split by kind (the kinds add up to ``total``); the caching
+    allocator's own peaks over the whole run are ``device_memory_peaks``. Disabled, it does nothing.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, enabled: bool = True):
@@ -204,13 +244,9 @@ class StepMemory:
             return
         self._tracker.__exit__(None, None, None)
         self._reset_hook.remove()
-        snapshot = self._tracker.get_tracker_snapshot("peak")
+        by_kind = tracker_snapshot(self._tracker, "peak", next(self.model.parameters()).device)
         self._tracker = None
-        device = next(p.device for p in self.model.parameters())
-        by_kind = snapshot.get(device) or next(iter(snapshot.values()))
         self.peak = {_KINDS.get(str(kind).rsplit(".", 1)[-1], str(kind)): int(n) for kind, n in by_kind.items()}
-        if device.type == "cuda":
-            self.peak["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device)
 
     def _make_tracker(self):
         from torch.distributed.fsdp import FSDPModule

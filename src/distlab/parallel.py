@@ -1,8 +1,9 @@
 """Parallelism applied to a model from outside, so ``model.py`` never changes.
 
-Order matters when several are combined (torchtitan's rule, which later chapters use):
-activation checkpointing first, then ``torch.compile``, then the data-parallel wrapper
-(FSDP2's ``fully_shard``); DDP wraps the finished module last of all.
+Order matters when several are combined (torchtitan's rule, which the labs follow):
+activation checkpointing first (``apply_activation_checkpointing``), then ``torch.compile``
+(``apply_compile``), then the data-parallel wrapper (FSDP2's ``fully_shard``); DDP wraps the
+finished module last of all.
 """
 
 from __future__ import annotations
@@ -90,6 +91,32 @@ def apply_activation_checkpointing(
 # --- end activation checkpointing ---
 
 
+# --- begin compile ---
+def apply_compile(model: nn.Module, **compile_kwargs) -> nn.Module:
+    """Compile each transformer block of ``model`` with ``torch.compile``, in place.
+
+    Per block, as torchtitan does: the blocks are the repeated work, and they are alike, so
+    one compiled graph serves all of them (measured with torch 2.13: one graph for a
+    12-block GPT); the embeddings, the head and the loss stay eager. ``nn.Module.compile``
+    compiles a module's call and leaves the module itself in place
+    (``torch/nn/modules/module.py``), so parameter names, ``state_dict`` keys, checkpoints
+    and ``model.pt`` stay the plain model's; putting
+    ``torch.compile(block)``, an ``OptimizedModule``, in its place would add ``_orig_mod.``
+    to every key. After activation checkpointing, a block is its checkpoint wrapper and is
+    compiled with the recompute inside; before sharding, FSDP2's hooks then run around the
+    compiled block, outside the graph: ``nn.Module.compile`` compiles ``_call_impl``, hooks
+    included, and FSDP2's hooks are marked ``_dynamo_disable`` (``_fsdp_state.py`` in
+    ``torch/distributed/fsdp/_fully_shard/``), so the compiled graph breaks around them. Compiling happens at the
+    first call, not here: the first steps take longer (the labs time them apart).
+    """
+    for block in model.blocks:
+        block.compile(**compile_kwargs)
+    return model
+
+
+# --- end compile ---
+
+
 def apply_ddp(model: nn.Module, device: torch.device, **ddp_kwargs) -> DDP:
     """Wrap ``model`` (already on ``device``) in DistributedDataParallel.
 
@@ -107,6 +134,7 @@ def apply_fsdp(
     reshard_after_forward: bool = True,
     param_dtype: torch.dtype | None = None,
     check_weights: bool = True,
+    device: torch.device | None = None,
 ) -> nn.Module:
     """Shard ``model`` with FSDP2: each transformer block is one unit, then the root.
 
@@ -124,11 +152,21 @@ def apply_fsdp(
     ("replicate", "shard") is hybrid sharding.
     ``check_weights``: first check that every rank holds the same weights (``fully_shard``
     neither broadcasts nor checks them; see ``check_same_weights``).
+
+    Without a ``mesh``, the 1-D mesh is built on the device in use: ``device`` if given, else
+    the device of the model's parameters. Move first, shard second, as with DDP: the
+    parameters then already say where training runs, and no second argument can disagree
+    with them. FSDP2's own default would instead follow ``torch._C._get_accelerator()``, a
+    CUDA mesh whenever a GPU is visible, whatever ``--device`` chose
+    (``_init_default_mesh`` in ``torch/distributed/fsdp/_fully_shard/_fsdp_init.py``). A
+    model on the ``meta`` device has no device yet: pass ``device``, where its shards will live.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if check_weights:
         check_same_weights(model)
+    if mesh is None:
+        mesh = _mesh_on(device or _parameters_device(model))
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
     kwargs = {"mesh": mesh} if mp is None else {"mesh": mesh, "mp_policy": mp}
     for block in model.blocks:
@@ -139,6 +177,23 @@ def apply_fsdp(
     # _fsdp_state.py); an explicit True on the root is honoured, and costs an all-gather.
     fully_shard(model, reshard_after_forward=False, **kwargs)
     return model
+
+
+def _parameters_device(model: nn.Module) -> torch.device:
+    devices = {p.device for p in model.parameters()}
+    if len(devices) != 1 or next(iter(devices)).type == "meta":
+        found = ", ".join(sorted(map(str, devices))) or "no parameters"
+        raise ValueError(f"apply_fsdp builds its mesh on the parameters' device, and found {found}: pass device=")
+    return devices.pop()
+
+
+def _mesh_on(device: torch.device):
+    """A 1-D mesh over every rank of the default group, on ``device``'s type (cpu: gloo's CPU
+    tensors; cuda: NCCL's GPU tensors, each rank on its current device)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (dist.get_world_size(),))
 
 
 def first_differing_parameter(model: nn.Module, group=None) -> tuple[int, str, float, float] | None:

@@ -7,7 +7,10 @@ same script runs on a laptop's CPU ranks and on a GPU node unchanged.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
+import warnings
 from datetime import timedelta
 
 import torch
@@ -18,19 +21,134 @@ from distlab.errors import UserError
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+# The switch that pins ``auto`` to the CPU: `make test` (tests/conftest.py) and `make book`
+# (Makefile) set it, and so do ``run_ranks``/``run_script`` for their ranks, so that the book and
+# the CPU suite give the same results on a machine with GPUs as on one without.
+CPU_PIN = "DISTLAB_DEVICE"
+
+
 def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
-    """``auto`` means this rank's GPU when there is one, else the CPU."""
+    """The device this rank runs on: ``cpu``, ``cuda`` (GPU ``local_rank``) or ``auto``.
+
+    ``auto`` means this rank's GPU when torch can use one, else the CPU, except that the
+    environment variable ``DISTLAB_DEVICE=cpu`` makes it the CPU whatever CUDA says: that is the
+    switch `make test` and `make book` use (with ``CUDA_VISIBLE_DEVICES=`` beside it, so that no
+    process even sees a GPU). When ``auto`` falls back to the CPU on a machine that has an NVIDIA
+    GPU this torch cannot use, it warns (once per process); ``cuda`` makes that an error.
+    ``cuda`` takes one GPU per process, numbered by ``local_rank``, and refuses in one line a
+    local rank that has no GPU of its own.
+    """
     if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
+        if cpu_pinned():
+            return torch.device("cpu")
+        if torch.cuda.is_available():
+            requested = "cuda"
+        else:
+            _warn_if_gpu_unusable(local_rank)
+            return torch.device("cpu")
     if requested == "cuda":
         if not torch.cuda.is_available():
-            raise UserError("--device cuda was asked for, but no CUDA GPU is visible")
+            raise UserError(f"--device cuda was asked for, but torch cannot use a GPU here: {_why_no_cuda()}")
+        count = torch.cuda.device_count()
+        # before set_device: a local rank past the last GPU is otherwise a raw "invalid device ordinal"
+        if not 0 <= local_rank < count:
+            raise UserError(
+                f"LOCAL_RANK {local_rank} but this process sees {count} GPU{'s' if count != 1 else ''}: start at most "
+                f"{count} process{'es' if count != 1 else ''} per node (--nproc-per-node {count}), or, under SLURM, "
+                "let every process see all of the node's GPUs (one task per node running torchrun, or srun "
+                "--gpu-bind=none) so that LOCAL_RANK picks among them"
+            )
         # one process per GPU: LOCAL_RANK picks this process's card
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     if requested == "cpu":
         return torch.device("cpu")
     raise UserError(f"unknown device {requested!r}; choose auto, cpu or cuda")
+
+
+def cpu_pinned() -> bool:
+    """Whether ``DISTLAB_DEVICE=cpu`` pins ``auto`` to the CPU in this process."""
+    value = os.environ.get(CPU_PIN, "")
+    if value not in ("", "cpu"):
+        raise UserError(f"{CPU_PIN}={value!r}: the only value it takes is 'cpu' (or unset)")
+    return value == "cpu"
+
+
+def nvidia_gpu_present() -> bool:
+    """Whether this machine has an NVIDIA GPU, whatever torch makes of it: the driver's device
+    files (/dev/nvidia0, ...) or its ``nvidia-smi``."""
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or shutil.which("nvidia-smi") is not None
+
+
+def _why_no_cuda() -> str:
+    """Why ``torch.cuda.is_available()`` is False, as far as this process can tell."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return "CUDA_VISIBLE_DEVICES is empty, which hides every GPU (make test and make book set it so)"
+    if not nvidia_gpu_present():
+        return "this machine shows no NVIDIA GPU (no /dev/nvidia*, no nvidia-smi)"
+    if torch.version.cuda is None:
+        return (
+            f"this torch ({torch.__version__}) is a CPU-only build (torch.version.cuda is None): "
+            "install a CUDA build of torch"
+        )
+    return (
+        f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but cannot start it "
+        "(torch.cuda.is_available() is False): for example an NVIDIA driver too old for that CUDA version "
+        "(nvidia-smi shows the newest CUDA the driver supports)"
+    )
+
+
+_warned_gpu_unusable = False
+
+
+def _warn_if_gpu_unusable(local_rank: int) -> None:
+    """``auto`` is about to fall back to the CPU: say so loudly if a GPU is there and unusable.
+
+    A CPU-only wheel or a driver too old for the wheel's CUDA otherwise turns a GPU run into a
+    CPU run, many times slower, without a word. Once per process, and only on local rank 0
+    (every rank of the node would say the same). An empty ``CUDA_VISIBLE_DEVICES`` hides the GPUs
+    on purpose, so it says nothing then.
+    """
+    global _warned_gpu_unusable
+    if _warned_gpu_unusable or local_rank != 0 or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return
+    if not nvidia_gpu_present():
+        return
+    _warned_gpu_unusable = True
+    warnings.warn(
+        f"an NVIDIA GPU is present, but {_why_no_cuda()}. --device auto runs on the CPU instead; "
+        "--device cuda would make this an error",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def use_tf32(enabled: bool) -> None:
+    """Let float32 matmuls and convolutions on CUDA use TF32 tensor cores, or forbid it. No
+    effect on CPU.
+
+    TF32 keeps fp32's range with a 10-bit mantissa, and an fp32 matmul then runs at the tensor
+    cores' TF32 rate (156 against 19.5 TFLOP/s on an A100, datasheet; ``distlab.flops`` keeps the
+    table). torch 2.13 keeps two views of the setting: the older one (``allow_tf32``,
+    ``torch.get_float32_matmul_precision()``) and the per-backend ``fp32_precision`` attributes.
+    Setting only ``torch.backends.cuda.matmul.fp32_precision`` leaves the older view disagreeing,
+    and reading it then raises "mix of the legacy and new APIs" (measured), which Inductor's
+    matmul autotuning does under ``torch.compile`` (torch/_inductor/select_algorithm.py).
+    ``torch.set_float32_matmul_precision`` keeps both in step but also sets oneDNN's CPU matmul
+    precision (``torch.backends.mkldnn.matmul.fp32_precision``) to TF32. The two ``allow_tf32``
+    setters set both views, leave the CPU alone, and warn of nothing in torch 2.13 (all measured).
+    """
+    torch.backends.cuda.matmul.allow_tf32 = enabled  # cuBLAS: matmuls, linear layers
+    torch.backends.cudnn.allow_tf32 = enabled  # cuDNN: convolutions (on by default in torch)
+
+
+def tf32_enabled() -> bool:
+    """Whether a float32 matmul on CUDA may use TF32 now (``use_tf32``, or the user's own setting).
+
+    Reads the per-backend view, which is set whichever API set TF32 and, unlike
+    ``torch.backends.cuda.matmul.allow_tf32``, never raises when the two APIs were mixed.
+    """
+    return torch.backends.cuda.matmul.fp32_precision == "tf32"
 
 
 def backend_for(device: torch.device) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,21 +29,28 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from distlab.checkpoint import Checkpoints, load_plain_weights
+from distlab.checkpoint import Checkpoints, load_plain_weights, save_plain_weights
 from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
 from distlab.errors import UserError
 from distlab.flops import FLOPS_FORMULA, describe_mfu, device_name, flops_per_token, utilisation
-from distlab.memory import StepMemory, state_bytes
-from distlab.metrics import RunLog
+from distlab.memory import StepMemory, device_memory_peaks, state_bytes
+from distlab.metrics import LogWindow, RunLog
 from distlab.model import GPT, PRESETS, count_parameters, preset
-from distlab.parallel import apply_ddp
-from distlab.runtime import DTYPES, autocast, dist_env, init_distributed, pick_device, synchronize
+from distlab.parallel import apply_compile, apply_ddp
+from distlab.runtime import DTYPES, autocast, dist_env, init_distributed, pick_device, use_tf32
 
 
 @dataclass
 class TrainConfig:
-    preset: str = "tiny"  # model size: tiny (seconds on a CPU) or shakespeare (10.77M params)
+    """Every field is a --flag (batch_size: --batch-size) and its comment is the --help text.
+
+    Suggested for a GPU benchmark (not measured here): --device cuda --preset gpt2 --dtype bf16
+    --compile --log-every 10, --batch-size 16 per GPU (the global batch: 16 x the ranks; labs 3-6:
+    --micro-batch-size 16 too).
+    """
+
+    preset: str = "tiny"  # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2 (85.89M, GPUs)
     steps: int = 200  # optimizer steps
     batch_size: int = 16  # global batch: sequences per optimizer step, all ranks together
     micro_batch_size: int = 4  # sequences per forward/backward on one rank (what memory allows)
@@ -56,8 +62,11 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this (0 turns clipping off)
     eval_every: int = 100  # validation loss every N steps, and always at the end
     eval_batches: int = 8  # batches averaged into one validation loss
+    log_every: int = 1  # log (and sync with the host) every N steps; between logs the loss stays on the device
     dtype: str = "fp32"  # fp32, or bf16 autocast (weights and optimizer stay fp32)
+    tf32: bool = False  # let fp32 matmuls on CUDA use TF32 tensor cores (10-bit mantissa); no effect on CPU
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda
+    compile: bool = False  # torch.compile each transformer block; the first steps compile (slow)
     seed: int = 1337  # model initialisation and the order of batches
     data: str = ""  # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
     init_from: str = ""  # start from these weights: a plain model.pt (lab outputs, or a converted checkpoint)
@@ -71,7 +80,7 @@ class TrainConfig:
     track_memory: bool = False  # peak bytes by kind in the 2nd step (PyTorch's MemTracker; slows that step)
 
     def __post_init__(self):
-        require_positive(self, "batch_size", "micro_batch_size", "eval_every", "eval_batches")
+        require_positive(self, "batch_size", "micro_batch_size", "eval_every", "eval_batches", "log_every")
         if self.steps < 0:  # 0 is allowed: evaluate and sample the initial (or --init-from) weights
             raise UserError(f"--steps must be 0 or more, got {self.steps}")
         if self.preset not in PRESETS:
@@ -126,6 +135,7 @@ def main() -> None:
         )
     accum_steps = cfg.batch_size // (world_size * cfg.micro_batch_size)
     device = pick_device(cfg.device, local_rank)
+    use_tf32(cfg.tf32)  # fp32 matmuls on CUDA: TF32 or full fp32
     init_distributed(device, cfg.timeout_s)
 
     corpus = load_corpus(cfg.data or None)
@@ -135,6 +145,8 @@ def main() -> None:
     model = GPT(model_cfg, seed=cfg.seed).to(device)
     if cfg.init_from:  # before any wrapper, while the keys and shapes are the plain model's
         load_plain_weights(model, cfg.init_from)
+    if cfg.compile:  # after checkpointing, before DDP or sharding; in place: the names stay the plain model's
+        apply_compile(model)
     model = apply_ddp(model, device)  # move first, then wrap; rank 0's weights are broadcast
     optimizer = make_optimizer(model, cfg)
     checkpoints = Checkpoints(cfg, model, optimizer)
@@ -145,7 +157,7 @@ def main() -> None:
 
     log = RunLog(cfg.out, enabled=is_main)
     tokens_per_step = cfg.batch_size * T
-    timed_steps, timed_seconds = 0, 0.0
+    window = LogWindow(device, tokens_per_step, start_step, cfg.steps, cfg.log_every)  # steps between logs
     train_loss = val_loss = float("nan")  # stay nan if no step runs (--steps 0)
     state = {}  # bytes of parameters, gradients and optimizer state, after the first step
     memory = StepMemory(model, optimizer, enabled=cfg.track_memory)  # peak bytes by kind, if asked
@@ -160,8 +172,7 @@ def main() -> None:
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        synchronize(device)
-        start = time.perf_counter()
+        window.open(step)  # after a log point: wait for queued work, start the clock
 
         memory.begin()
         # --- begin train step ---
@@ -180,36 +191,27 @@ def main() -> None:
         if not state:  # every gradient and AdamW buffer exists now, and their sizes are fixed
             state = state_bytes(model, optimizer)
         optimizer.zero_grad(set_to_none=True)
-        mean_loss = loss.clone()
-        dist.all_reduce(mean_loss)  # this rank's loss is on its B/N rows; log the global mean
-        train_loss = mean_loss.item() / world_size  # waits for the step to finish
         # --- end train step ---
         memory.end()
 
-        seconds = time.perf_counter() - start
-        if step >= start_step + 2 or cfg.steps - start_step <= 2:  # the first steps of a start warm up
-            timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
-        if not math.isfinite(train_loss):
-            raise UserError(f"loss is {train_loss} at step {step}: training diverged (try a lower --lr)")
-        record = {
-            "step": step,
-            "loss": train_loss,
-            "lr": lr,
-            "grad_norm": grad_norm.item(),
-            "tokens_per_s": tokens_per_step / seconds,
-            "step_s": seconds,
-        }
-        if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
-            val_loss = evaluate(model, data, cfg, T, rank, world_size, device)
-            record["val_loss"] = val_loss
-        log.log(**record)
-        bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}", refresh=False)
+        evaluating = (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1
+        if window.is_log_point(step, evaluating):  # in between, the loss stays on the device: no wait
+            mean_loss = loss.clone()
+            dist.all_reduce(mean_loss)  # this rank's loss is on its B/N rows; log the global mean
+            train_loss = mean_loss.item() / world_size  # waits for the step to finish
+            record = window.close(step, train_loss, lr=lr, grad_norm=grad_norm.item())  # ends a diverged run
+            if evaluating:
+                val_loss = evaluate(model, data, cfg, T, rank, world_size, device)
+                record["val_loss"] = val_loss
+            log.log(**record)
+            bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}", refresh=False)
         checkpoints.maybe_save(step)  # every --checkpoint-every steps: a replica is written once
 
     if math.isnan(val_loss):  # no step ran (--steps 0): evaluate the weights we started from
         val_loss = evaluate(model, data, cfg, T, rank, world_size, device)
-    tokens_per_s = tokens_per_step * timed_steps / (timed_seconds or math.nan)  # nan if no step ran
+    tokens_per_s = window.tokens_per_s  # of the steps after warm-up; nan if no step ran
     flops = flops_per_token(model_cfg) * tokens_per_s / world_size  # per device
+    cuda_peaks = device_memory_peaks(device)  # training's peaks: the matmul timed next allocates its own
     mfu = utilisation(flops, device, DTYPES[cfg.dtype])  # of the matmul peak timed now, all ranks at once
     sample = ""
     if is_main and cfg.sample_chars:
@@ -236,6 +238,7 @@ def main() -> None:
         "parameters": count_parameters(model),
         "state_bytes_per_rank": state,
         "peak_bytes_by_kind": memory.peak,
+        **cuda_peaks,  # CUDA's peak allocated and reserved bytes, this rank ({} on CPU)
         "flops_per_token": flops_per_token(model_cfg),
         "flops_formula": FLOPS_FORMULA,
         "achieved_flops_per_s": flops,
@@ -249,7 +252,7 @@ def main() -> None:
     log.close()
     if is_main:
         # save the inner module: no "module." prefix, so lab 1 can load it as it is
-        torch.save(model.module.state_dict(), Path(cfg.out) / "model.pt")
+        save_plain_weights(model.module.state_dict(), Path(cfg.out) / "model.pt")
         print(f"tokens/s {tokens_per_s:,.0f}  {describe_mfu(mfu)}  final loss {train_loss:.4f}  val {val_loss:.4f}")
     # the model holds the group: freed after the group is destroyed, gloo can hang (book: Debugging)
     del model, checkpoints, memory  # each of them holds the model

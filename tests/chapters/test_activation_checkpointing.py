@@ -134,6 +134,28 @@ def test_recorded_benchmark_is_complete_and_rerunnable():
     assert {r["mode"] for r in result["fsdp2"]} == {"none", "full", "selective"}
 
 
+def test_the_benchmark_runs_its_models_on_the_device_it_is_given(monkeypatch):
+    from distlab.bench import ac
+
+    moved, policies = [], [POLICIES[0], POLICIES[3]]  # none and full: enough to see the plumbing
+    build_on_cpu = ac.build
+    monkeypatch.setattr(ac, "build", lambda *args: _noting_moves(build_on_cpu(*args), moved))
+    monkeypatch.setattr(ac, "POLICIES", policies)
+    runs = ac.single_process("tiny", 2, 1, warmup=0, device="cpu")
+    assert moved == [torch.device("cpu")] * 3  # the reference, then each policy's model
+    assert [(r["mode"], r["every"]) for r in runs] == [("none", 1), ("full", 1)]
+    assert all(r["grad_max_abs_diff"] <= 1e-6 and r["saved"] > 0 and len(r["step_s"]) == 1 for r in runs)
+    with pytest.raises(SystemExit):
+        ac.main(["--device", "tpu"])  # only cpu and cuda
+
+
+def _noting_moves(model, moved):
+    """``model``, whose ``.to(device)`` also notes the device in ``moved``."""
+    to = model.to
+    model.to = lambda device: moved.append(torch.device(device)) or to(device)
+    return model
+
+
 # ---------------------------------------------------------------- Activation checkpointing, exercise 2
 @pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
 def test_attention_only_policy_checker(capsys):

@@ -6,9 +6,10 @@ import shutil
 
 import matplotlib.pyplot as plt
 import pytest
+import torch
 
 from distlab.bench import labs as bench
-from distlab.bench.report import RESULTS, recorded_results, targets
+from distlab.bench.report import GPU_COMMAND, RESULTS, gpu_section, recorded_results, targets
 from distlab.chapters import benchmarks as chapter
 from distlab.chapters.benchmarks import loss_agreement, run, scaling
 from distlab.cli import parse_config
@@ -21,24 +22,8 @@ from distlab.tools import runs
 def smoke(tmp_path_factory):
     """Labs 1-6 on the tiny model, 4 steps: lab 1 on 1 process, the others on 2 ranks."""
     folder = tmp_path_factory.mktemp("bench")
-    result = bench.main(
-        [
-            "--preset",
-            "tiny",
-            "--batch-size",
-            "8",
-            "--steps",
-            "4",
-            "--ranks",
-            "2",
-            "--eval-batches",
-            "1",
-            "--out",
-            str(folder / "result.json"),
-            "--runs-dir",
-            str(folder / "runs"),
-        ]
-    )
+    argv = ["--preset", "tiny", "--batch-size", "8", "--steps", "4", "--ranks", "2", "--eval-batches", "1"]
+    result = bench.main([*argv, "--out", str(folder / "result.json"), "--runs-dir", str(folder / "runs")])
     return result, folder
 
 
@@ -66,7 +51,12 @@ def test_the_harness_runs_every_lab_on_one_workload_and_they_train_the_same_mode
         # each run timed its peak with its own threads, all its ranks at once
         n = r["world_size"]
         threads = int(os.environ.get("OMP_NUM_THREADS", max(1, os.cpu_count() // n)))
-        assert r["peak_measured_with"] == {"threads_per_rank": threads, "ranks_at_once": n}
+        assert r["peak_measured_with"] == {
+            "threads_per_rank": threads,
+            "ranks_at_once": n,
+            "float32_matmul_precision": torch.backends.mkldnn.matmul.fp32_precision,  # a CPU's: oneDNN's matmuls
+            "tf32": None,
+        }
         assert chapter.threads_per_rank(r) == threads
         peak = r["peak_bytes_by_kind"]
         assert peak["total"] == sum(v for k, v in peak.items() if k != "total") > 0
@@ -103,8 +93,12 @@ def test_the_harness_refuses_a_workload_it_cannot_split(capsys):
 
 # Options a lab gained after results/bench/cpu_shakespeare_fp32.json was recorded, which leave a run
 # unchanged at their defaults (checked below): lab 1 took over checkpoint/resume from lab 2 (issue 18),
-# off unless asked for, so the recorded command still runs what was measured.
-ADDED_SINCE_RECORDING = {"lab1_single": {"checkpoint_every", "keep_checkpoints", "resume"}}
+# off unless asked for, so the recorded command still runs what was measured; every lab gained
+# --compile, --log-every and --tf32 (issue 20), off, 1 and off unless asked for.
+GPU_OPTIONS = {"compile", "log_every", "tf32"}
+ADDED_SINCE_RECORDING = {lab: GPU_OPTIONS for lab in bench.LABS.values()} | {
+    "lab1_single": {"checkpoint_every", "keep_checkpoints", "resume"} | GPU_OPTIONS
+}
 
 
 def test_recorded_results_exist_parse_and_come_from_the_current_labs_options():
@@ -158,21 +152,8 @@ def test_runs_cli_lists_summarises_and_plots(smoke, tmp_path, capsys):
     assert "(unfinished: 4 steps logged)" in runs.summary_line(s)
 
     image = tmp_path / "curves.png"
-    assert (
-        runs.main(
-            [
-                "plot",
-                str(folder / "runs" / "lab1_single_1ranks"),
-                str(unfinished),
-                "--metric",
-                "loss",
-                "val_loss",
-                "--out",
-                str(image),
-            ]
-        )
-        == 0
-    )
+    lab1_run = str(folder / "runs" / "lab1_single_1ranks")
+    assert runs.main(["plot", lab1_run, str(unfinished), "--metric", "loss", "val_loss", "--out", str(image)]) == 0
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     assert runs.main(["summary", str(tmp_path)]) == 1
@@ -263,3 +244,45 @@ def test_runs_cli_prints_what_the_runs_module_lists(smoke):
     _, folder = smoke
     listed = chapter.runs_cli("list", folder / "runs").splitlines()
     assert len(listed) == 6 and any("lab4_fsdp2" in line for line in listed)
+
+
+# --- the GPU section: a GPU recording beside the CPU one, or the plain fact that there is none ---
+
+
+def test_without_a_gpu_recording_the_page_says_so_and_gives_a_valid_command(tmp_path, monkeypatch):
+    shutil.copy(RESULTS / "cpu_shakespeare_fp32.json", tmp_path)
+    [said] = gpu_section(recorded_results(tmp_path))
+    assert said.startswith("No GPU recording has been made yet") and GPU_COMMAND in said
+
+    class Parsed(Exception):
+        pass
+
+    def stop_after_parsing(requested: str):  # the command's options were all accepted: nothing is run
+        raise Parsed(requested)
+
+    monkeypatch.setattr(bench, "pick_device", stop_after_parsing)
+    with pytest.raises(Parsed, match="cuda"):
+        bench.main(GPU_COMMAND.split()[3:])  # after "python -m distlab.bench"
+
+
+def test_a_gpu_recording_is_shown_beside_the_cpu_one(tmp_path):
+    cpu = recorded_results()["cpu_shakespeare_fp32"]
+    gpus = {"gpu_count": 2, "gpu_names": ["NVIDIA H100 80GB HBM3"] * 2, "nvidia_driver": "550.54.15"}
+    prov = {**cpu["provenance"], **gpus, "machine": "NVIDIA H100 80GB HBM3", "cuda": "12.8", "nccl": "2.27.3"}
+    extra = {"mfu_of_datasheet_peak": 0.25, "cuda_max_memory_allocated": 5e9, "cuda_max_memory_reserved": 6e9}
+    gpu = {
+        **cpu,  # a synthetic recording: the CPU one's runs, said to be from 2 H100s
+        "provenance": prov,
+        "workload": {**cpu["workload"], "device": "cuda", "preset": "gpt2", "dtype": "bf16", "compile": True},
+        "runs": [{**r, **extra} for r in cpu["runs"] if "error" not in r],
+    }
+    for name, result in (("cpu_shakespeare_fp32", cpu), ("cuda_gpt2_bf16_compile", gpu)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(result))
+    side_by_side, about, runs_rows = gpu_section(recorded_results(tmp_path))
+    assert [row["recording"] for row in side_by_side] == ["cpu_shakespeare_fp32", "cuda_gpt2_bf16_compile"]
+    assert side_by_side[1]["measured on"] == "2 x NVIDIA H100 80GB HBM3" and "compiled" in side_by_side[1]["workload"]
+    assert (side_by_side[0]["lab 1 MFU, datasheet peak"], side_by_side[1]["lab 1 MFU, datasheet peak"]) == ("-", "0.25")
+    assert "NVIDIA driver 550.54.15, CUDA 12.8, NCCL 2.27.3" in about and cpu["provenance"]["command"] in about
+    assert len(runs_rows) == len(gpu["runs"]) and runs_rows[0]["lab"] == chapter.LAB_NAMES["lab1_single"]
+    assert {row["CUDA peak MB, allocated / reserved"] for row in runs_rows} == {"5,000 / 6,000"}
+    assert runs_rows[0]["loss, largest rel. difference from lab 1"] == "0.0e+00"

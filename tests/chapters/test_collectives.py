@@ -63,6 +63,9 @@ def check_on_every_rank():
 
     # 3. the parity-ordered blocking exchange delivers the left neighbour's tensor
     report["parity"] = parity_ring_exchange(torch.tensor([float(rank)] * 3)).tolist()
+    # 4. what batch_isend_irecv asks to choose its path (the page: gloo cannot coalesce, so a
+    # batch is the same irecv and isend, one by one)
+    report["coalesces"] = dist.group.WORLD._get_backend(torch.device("cpu")).supports_coalescing
     return report
 
 
@@ -93,6 +96,35 @@ def test_schedule_agrees_with_the_real_ring_at_every_step(ranks):
 def test_parity_ordered_blocking_exchange_works(ranks):
     n, reports = ranks
     assert [r["parity"] for r in reports] == [[float((rank - 1) % n)] * 3 for rank in range(n)]
+
+
+def test_on_gloo_a_batch_of_sends_and_receives_is_posted_op_by_op(ranks):
+    n, reports = ranks
+    assert [r["coalesces"] for r in reports] == [False] * n
+
+
+def test_the_ring_posts_its_receive_and_send_as_one_batch(monkeypatch):
+    """NCCL needs the batch (separate irecv and isend to one peer share a CUDA stream)."""
+    from distlab.scratch import collectives
+
+    calls = []
+
+    class FakeDist:
+        irecv, isend = "irecv", "isend"
+
+        @staticmethod
+        def P2POp(op, tensor, peer):  # noqa: N802 - torch's name
+            return op, tensor, peer
+
+        @staticmethod
+        def batch_isend_irecv(ops):
+            calls.append(ops)
+            return [type("Work", (), {"wait": lambda self: calls.append("waited")})() for _ in ops]
+
+    monkeypatch.setattr(collectives, "dist", FakeDist)
+    send, recv = torch.ones(2), torch.empty(2)
+    collectives._send_recv(send, 1, recv, 3)
+    assert calls == [[("irecv", recv, 3), ("isend", send, 1)], "waited", "waited"]
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8])

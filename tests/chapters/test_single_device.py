@@ -76,7 +76,12 @@ def test_run_lab1_reports_mfu_as_achieved_over_the_measured_peak(tmp_path):
     assert s["achieved_flops_per_s"] == pytest.approx(flops_per_token(preset("tiny")) * s["tokens_per_s"])
     assert s["mfu"] == pytest.approx(s["achieved_flops_per_s"] / s["peak_flops_per_s"]) and 0 < s["mfu"] <= 1
     # the peak was timed in the lab's own process, with its threads, at the end of the run
-    assert s["peak_measured_with"] == {"threads_per_rank": torch.get_num_threads(), "ranks_at_once": 1}
+    assert s["peak_measured_with"] == {
+        "threads_per_rank": torch.get_num_threads(),
+        "ranks_at_once": 1,
+        "float32_matmul_precision": torch.backends.mkldnn.matmul.fp32_precision,  # and the matmul setting
+        "tf32": None,
+    }
     assert s["datasheet_peak"] is None and s["mfu_of_datasheet_peak"] is None  # a CPU has no datasheet row
     fig = mfu_figure(results, "tiny")
     assert [bar.get_width() for bar in fig.axes[0].patches] == [s["mfu"]]

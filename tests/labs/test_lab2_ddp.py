@@ -28,6 +28,7 @@ def test_lab2_saves_weights_without_the_module_prefix(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = torch.load(tmp_path / "model.pt")
     assert not any(k.startswith("module.") for k in state)
+    assert {t.device.type for t in state.values()} == {"cpu"}  # save_plain_weights: any machine loads it
     GPT(preset("tiny")).load_state_dict(state)  # loads into the plain model as it is
 
 

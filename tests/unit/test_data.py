@@ -126,7 +126,7 @@ def test_lab1_trains_offline_on_a_fresh_machine(fresh_machine, tmp_path):
 
 
 def test_a_readers_own_corpus_trains_with_its_own_vocabulary(fresh_machine, tmp_path):
-    text = "naïve café, déjà vu: ça va.\n" * 200  # UTF-8, beyond ASCII
+    text = "naïve café, déjà vu: ça va.\n" * 400  # UTF-8, beyond ASCII; MIN_CHARS or more
     own = write_text(tmp_path / "mine.txt", text)
     proc = run_lab("lab1_single.py", *LAB1_QUICK, "--data", own, "--out", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -140,18 +140,20 @@ def test_a_readers_own_corpus_trains_with_its_own_vocabulary(fresh_machine, tmp_
 
 
 def test_any_utf8_file_loads_as_it_is_with_no_checksum(tmp_path):
-    text = "Ὦ ξεῖν', ἀγγέλλειν Λακεδαιμονίοις\n" * 100
+    text = "Ὦ ξεῖν', ἀγγέλλειν Λακεδαιμονίοις\n" * 400  # MIN_CHARS or more
     own = write_text(tmp_path / "tinyshakespeare.txt", text)  # the name alone makes no demand
     corpus = load_corpus(own)
     assert corpus == Corpus(text, str(own))
     assert TokenData(corpus).vocab_size == len(set(text))
 
 
-def test_a_file_of_min_chars_cuts_a_window_of_the_longest_preset(tmp_path):
-    longest = max(cfg.block_size for cfg in PRESETS.values())
+def test_a_file_of_min_chars_cuts_a_window_of_the_smallest_preset_and_names_what_a_longer_one_needs(tmp_path):
+    smallest = min(cfg.block_size for cfg in PRESETS.values())
     d = TokenData(load_corpus(write_text(tmp_path / "short.txt", "ab" * (MIN_CHARS // 2))))
-    x, y = d.batch("val", 0, 2, longest, seed=0)
-    assert x.shape == (2, longest)
+    x, y = d.batch("val", 0, 2, smallest, seed=0)
+    assert x.shape == (2, smallest)
+    with pytest.raises(DataError, match="at least 10,250 characters, or a preset with a shorter context"):
+        d.batch("val", 0, 2, PRESETS["gpt2"].block_size, seed=0)
 
 
 @pytest.mark.parametrize(

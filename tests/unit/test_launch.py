@@ -4,11 +4,15 @@ import os
 import threading
 import time
 
+import cloudpickle
 import pytest
 import torch
 import torch.distributed as dist
 
-from distlab.infra.launch import LaunchTimeout, RankFailed, run_ranks, run_script
+from distlab.errors import UserError
+from distlab.infra.launch import LaunchTimeout, RankFailed, _rank_env, run_ranks, run_script
+from distlab.infra.launcher import rank_entry
+from distlab.runtime import pick_device
 
 
 def rank_sum():
@@ -100,3 +104,54 @@ def test_bad_arguments_are_refused_before_anything_starts():
         run_ranks(rank_sum, nprocs=0)
     with pytest.raises(FileNotFoundError):
         run_script("src/labs/no_such_lab.py")
+
+
+def device_backend_and_environment():
+    return (
+        str(pick_device("auto")),
+        dist.get_backend(),
+        os.environ["CUDA_VISIBLE_DEVICES"],
+        os.environ["DISTLAB_DEVICE"],
+    )
+
+
+def join_with_cuda_reported():
+    """In a rank: torch now says it has 8 GPUs; then what every rank of run_ranks does (rank_entry),
+    with device "auto" as a lab's default asks. Unpinned, it would take cuda:N and NCCL."""
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 8
+    return rank_entry(cloudpickle.dumps(device_backend_and_environment), (), "auto", 30.0, True)
+
+
+def test_ranks_pick_the_cpu_and_gloo_where_cuda_is_reported(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the caller sees GPUs too
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    results = run_ranks(join_with_cuda_reported, nprocs=2, init_group=False, quiet=True)  # device="cpu": the default
+    assert results == [("cpu", "gloo", "", "cpu")] * 2
+
+
+def test_cpu_ranks_are_pinned_and_cuda_ranks_are_not(monkeypatch):
+    monkeypatch.setenv("DISTLAB_DEVICE", "cpu")  # as in a pinned caller: make test, make book
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cpu = _rank_env(2, "cpu")
+    assert (cpu["DISTLAB_DEVICE"], cpu["CUDA_VISIBLE_DEVICES"]) == ("cpu", "")
+    assert cpu["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))  # the ranks share the cores
+    cuda = _rank_env(2, "cuda")
+    assert "DISTLAB_DEVICE" not in cuda and "OMP_NUM_THREADS" not in cuda
+    assert cuda["CUDA_VISIBLE_DEVICES"] == "0,1"  # the caller's choice of GPUs stands
+
+
+def test_more_ranks_than_gpus_is_refused_in_one_line_before_anything_starts(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(UserError) as info:
+        run_ranks(rank_sum, nprocs=3, device="cuda")
+    assert str(info.value) == (
+        "3 ranks on device='cuda' need 3 GPUs, one per rank, and this process sees 2: "
+        "start at most 2 ranks, or pass device='cpu'"
+    )
+    with pytest.raises(UserError, match="4 ranks on device='cuda' need 4 GPUs"):
+        run_script("src/labs/lab1_single.py", ["--device", "cuda"], nprocs=4, device="cuda")
+    with pytest.raises(ValueError, match="device must be 'auto', 'cpu' or 'cuda', got 'gpu'"):
+        run_ranks(rank_sum, device="gpu")

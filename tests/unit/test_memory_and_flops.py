@@ -9,7 +9,8 @@ from distlab import flops
 from distlab.flops import flops_per_token, matmul_parameters, measured_peak_flops
 from distlab.infra.launch import run_ranks
 from distlab.memory import activation_bytes_formula, adamw_state_bytes_formula, saved_activation_bytes, state_bytes
-from distlab.model import GPT, PRESETS, count_parameters, preset
+from distlab.model import GPT, count_parameters, preset
+from distlab.runtime import tf32_enabled, use_tf32
 
 
 @pytest.mark.parametrize("name,batch", [("tiny", 4), ("tiny", 7), ("shakespeare", 2)])
@@ -51,7 +52,7 @@ def test_adamw_state_is_16_bytes_per_parameter_plus_step_counters():
     assert state_bytes(model, optimizer) == adamw_state_bytes_formula(count_parameters(model), n_tensors)
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", ["tiny", "shakespeare"])  # gpt2's 86M at context 1024: too slow for CPU CI
 def test_flops_formula_agrees_with_pytorchs_flop_counter(name):
     """6N + 12LCT against FlopCounterMode's count of every matmul.
 
@@ -91,7 +92,12 @@ def test_ranks_time_the_peak_at_the_same_moment_and_agree_on_it():
     assert ranks[0]["peak"] == ranks[1]["peak"] > 1e9  # the mean of the ranks' best, on every rank
     assert max(r["start"] for r in ranks) < min(r["end"] for r in ranks)  # their timings overlapped
     for r in ranks:
-        assert r["u"]["peak_measured_with"] == {"threads_per_rank": 1, "ranks_at_once": 2}
+        assert r["u"]["peak_measured_with"] == {
+            "threads_per_rank": 1,
+            "ranks_at_once": 2,
+            "float32_matmul_precision": torch.backends.mkldnn.matmul.fp32_precision,  # oneDNN's: a CPU's matmuls
+            "tf32": None,  # a GPU's setting
+        }
         assert 0 < r["u"]["mfu"] <= 1 and r["u"]["datasheet_peak"] is None  # a CPU has no datasheet row
 
 
@@ -118,19 +124,51 @@ def test_an_mfu_above_one_is_reported_loudly_and_not_recorded(monkeypatch):
         ("NVIDIA H200", torch.float32, False, ("H200 SXM fp32", 67e12)),
         ("NVIDIA H200 NVL", torch.float32, True, ("H200 NVL tf32", 417.5e12)),
         ("NVIDIA A100-SXM4-80GB", torch.float32, True, ("A100 tf32", 156e12)),
+        ("NVIDIA L40S", torch.bfloat16, False, ("L40S bf16", 362.05e12)),
+        ("NVIDIA L40S", torch.float32, True, ("L40S tf32", 183e12)),
+        ("NVIDIA L4", torch.bfloat16, False, ("L4 bf16", 121e12)),
+        ("NVIDIA L4", torch.float32, False, ("L4 fp32", 30.3e12)),
+        ("NVIDIA L4", torch.float32, True, ("L4 tf32", 60e12)),
+        ("NVIDIA A10", torch.bfloat16, False, ("A10 bf16", 125e12)),
+        ("NVIDIA A10", torch.float32, True, ("A10 tf32", 62.5e12)),
         ("NVIDIA GH200 480GB", torch.bfloat16, False, None),  # not in the table: no datasheet MFU
-        ("NVIDIA L4", torch.bfloat16, False, None),
+        ("NVIDIA A10G", torch.bfloat16, False, None),  # AWS's A10 variant: another chip, no datasheet row
+        ("NVIDIA L40", torch.bfloat16, False, None),  # the L40 is not the L40S, nor an L4
     ],
 )
 def test_the_datasheet_peak_is_read_by_gpu_name_and_precision(monkeypatch, name, dtype, tf32, expected):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    before = torch.backends.cuda.matmul.allow_tf32  # a computed attribute: monkeypatch cannot restore it
-    torch.backends.cuda.matmul.allow_tf32 = tf32
+    before = tf32_enabled()  # a computed setting: monkeypatch cannot restore it
+    use_tf32(tf32)
     try:
         assert flops.datasheet_peak(torch.device("cuda", 0), dtype) == expected
         assert flops.datasheet_peak(torch.device("cpu"), dtype) is None
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+        use_tf32(before)
+
+
+def test_a_gpu_run_gets_the_mfu_of_both_peaks_and_records_its_matmul_precision(monkeypatch):
+    """On an H100 (its name and a timed peak stood in for): MFU of the measured matmul peak and of
+    the datasheet's, and the fp32 matmul setting the peak was timed under."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(flops, "measured_peak_flops", lambda device, dtype: 700e12)  # a matmul, timed
+    before = tf32_enabled()
+    try:
+        for tf32, sheet in ((False, 67e12), (True, 494.5e12)):
+            use_tf32(tf32)
+            u = flops.utilisation(35e12, torch.device("cuda", 0), torch.float32)
+            assert u["mfu"] == pytest.approx(35 / 700) and u["peak_flops_per_s"] == 700e12
+            assert u["datasheet_peak"] == {"of": f"H100 SXM {'tf32' if tf32 else 'fp32'}", "flops_per_s": sheet}
+            assert u["mfu_of_datasheet_peak"] == pytest.approx(35e12 / sheet)
+            assert u["peak_measured_with"] == {
+                "threads_per_rank": None,  # a GPU's peak does not depend on the host's threads
+                "ranks_at_once": 1,
+                "float32_matmul_precision": "tf32" if tf32 else "ieee",  # ieee: true fp32, as use_tf32(False) sets
+                "tf32": tf32,
+            }
+            assert f"{35e12 / sheet:.2f} of the H100 SXM" in flops.describe_mfu(u)
+    finally:
+        use_tf32(before)
 
 
 def test_the_cpu_flags_agree_with_the_vector_isa_torch_uses():

@@ -20,6 +20,13 @@ def test_shakespeare_preset_has_10_77m_parameters():
     assert parameter_formula(cfg, bias=False, include_wpe=False) == 10_646_784
 
 
+def test_gpt2_preset_is_gpt2_small_shaped_with_85_89m_parameters():
+    cfg = preset("gpt2")
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, cfg.vocab_size) == (12, 768, 12, 1024, 65)
+    assert parameter_formula(cfg) == 85_892_352  # GPT(cfg) has as many: the parametrized test above builds it
+    assert parameter_formula(preset("gpt2", vocab_size=50_257)) == 124_439_808  # GPT-2 small's own count
+
+
 def test_head_is_tied_to_the_token_embedding():
     model = GPT(preset("tiny"))
     assert model.lm_head.weight is model.wte.weight

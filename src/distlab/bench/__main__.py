@@ -1,5 +1,6 @@
 """``python -m distlab.bench``: the benchmark of labs 1-6 (see ``distlab.bench.labs``)."""
 
 from distlab.bench.labs import main
+from distlab.cli import run
 
-main()
+run(main, "python -m distlab.bench")  # a UserError (too many ranks for the GPUs...) ends in one line

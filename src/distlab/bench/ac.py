@@ -1,6 +1,7 @@
 """Benchmark activation checkpointing: bytes kept for backward, peak, and step time, per policy.
 
     python -m distlab.bench.ac --preset shakespeare --batch-size 16 --steps 5 --nprocs 2
+    python -m distlab.bench.ac --device cuda --nprocs 1     # on a GPU: models, data and lab 5 there
 
 One process trains the same batch under each policy (none, full on every 3rd and every 2nd
 block, full, selective); each gets its saved-activation bytes and peak from PyTorch's memory
@@ -29,6 +30,7 @@ from distlab.infra.launch import run_script
 from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_metrics, read_summary
 from distlab.model import preset as model_preset
+from distlab.runtime import pick_device, synchronize
 
 # (label, mode, every): the points of the memory/time curve
 POLICIES = [
@@ -40,15 +42,18 @@ POLICIES = [
 ]
 
 
-def single_process(preset: str, batch: int, steps: int, warmup: int = WARMUP_STEPS) -> list[dict]:
+def single_process(
+    preset: str, batch: int, steps: int, warmup: int = WARMUP_STEPS, device: torch.device | str = "cpu"
+) -> list[dict]:
+    device = torch.device(device)
     cfg = model_preset(preset)  # the config only: no model needs building for it
     gen = torch.Generator().manual_seed(0)
-    idx, targets = torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size), generator=gen)
+    idx, targets = torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size), generator=gen).to(device)
     small = idx[:2], targets[:2]  # gradients compared on 2 sequences: the same code path, less time
-    reference = gradients(build(preset), *small)
+    reference = gradients(build(preset).to(device), *small)
     runs, models, optimizers = [], [], []
     for label, mode, every in POLICIES:
-        model = build(preset, mode, every)
+        model = build(preset, mode, every).to(device)
         grads = gradients(model, *small)
         diff = max((g - r).abs().max().item() for g, r in zip(grads, reference))
         runs.append(
@@ -74,6 +79,7 @@ def single_process(preset: str, batch: int, steps: int, warmup: int = WARMUP_STE
             model(idx, targets)[1].backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            synchronize(device)  # on a GPU, until the step is done, not just queued
             if step >= warmup:
                 run["step_s"].append(time.perf_counter() - start)
     none = runs[0]
@@ -90,7 +96,7 @@ def single_process(preset: str, batch: int, steps: int, warmup: int = WARMUP_STE
     return runs
 
 
-def with_fsdp2(preset: str, batch: int, steps: int, nprocs: int) -> list[dict]:
+def with_fsdp2(preset: str, batch: int, steps: int, nprocs: int, device: str = "cpu") -> list[dict]:
     runs = []
     for mode in ("none", "full", "selective"):
         out = Path(tempfile.mkdtemp(prefix=f"bench-ac-{mode}-"))
@@ -112,11 +118,14 @@ def with_fsdp2(preset: str, batch: int, steps: int, nprocs: int) -> list[dict]:
                 "--sample-chars",
                 0,
                 "--no-progress",
+                "--device",
+                device,
                 "--out",
                 out,
             ],
             nprocs=nprocs,
             timeout=3600,
+            device=device,
             quiet=True,
         )
         metrics, summary = read_metrics(out), read_summary(out)
@@ -149,6 +158,9 @@ def main(argv: list[str] | None = None) -> dict:
         "--fsdp2-steps", type=int, default=10, help=f"timed steps of each lab 5 run, after {WARMUP_STEPS} untimed"
     )
     parser.add_argument("--nprocs", type=int, default=2, help="ranks for the FSDP2 runs of lab 5 (0: skip them)")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where models and lab 5 run (default: cpu)"
+    )
     parser.add_argument("--out", default=str(REPO_ROOT / "results" / "ac_bench.json"))
     args = parser.parse_args(argv)
     if min(args.steps, args.fsdp2_steps, args.batch_size) < 1:
@@ -159,10 +171,11 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "provenance": provenance("distlab.bench.ac", argv),  # before the first run: the code that runs
         "workload": {"preset": args.preset, "batch": args.batch_size, "steps": args.steps},
-        "single_process": single_process(args.preset, args.batch_size, args.steps),
+        "single_process": single_process(args.preset, args.batch_size, args.steps, device=pick_device(args.device)),
     }
     if args.nprocs:
-        result["fsdp2"] = with_fsdp2(args.preset, args.batch_size, args.fsdp2_steps + WARMUP_STEPS, args.nprocs)
+        steps = args.fsdp2_steps + WARMUP_STEPS
+        result["fsdp2"] = with_fsdp2(args.preset, args.batch_size, steps, args.nprocs, args.device)
     finished(result["provenance"])  # the end time and the load average then
     write_result(result, args.out)
     return result

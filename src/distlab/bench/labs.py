@@ -2,6 +2,8 @@
 
     python -m distlab.bench --preset shakespeare --batch-size 16 --steps 12 --ranks 1 2 4
     python -m distlab.bench --labs 1 2 --ranks 1 2 --preset tiny --steps 5 --out /tmp/b.json
+    python -m distlab.bench --device cuda --preset gpt2 --dtype bf16 --batch-size 32 \
+        --micro-batch-size 16 --log-every 10 --steps 30 --ranks 1 2   # 2 GPUs; again with --compile
 
 Each run is a real run of a lab script, ``src/labs/labN_*.py``, launched as torchrun would
 launch it, with the same options for every lab: model preset, global batch, steps, dtype
@@ -13,10 +15,15 @@ rank, the peak bytes by kind of rank 0's second step (PyTorch's MemTracker, the 
 ``--track-memory``), the losses, and the exact command line. Lab 1 runs on one process only.
 On a shared machine one run's speed can be far off the next's (the recorded repeats say how
 far): ``--repeats K`` runs the whole plan K times over and keeps, for each lab and rank count,
-the run with the median tokens/s.
+the run with the median tokens/s. On CUDA each rank is a GPU (``--ranks`` above the GPU count
+is refused before anything starts), and each run also keeps rank 0's peak CUDA memory
+(``torch.cuda.max_memory_allocated``, ``max_memory_reserved``). ``--compile``, ``--log-every``
+and ``--tf32`` are passed on to every lab.
 
-The result goes to ``--out`` (default ``results/bench/<device>_<preset>_<dtype>.json``)
-with its provenance; the Benchmarks chapter reads these files and never reruns them.
+The result goes to ``--out`` (default ``results/bench/<device>_<preset>_<dtype>.json``, with
+``_tf32`` and ``_compile`` added when those were asked for) with its provenance (on CUDA: the
+GPUs, their driver, CUDA and NCCL versions); the Benchmarks chapter reads these files and never
+reruns them.
 """
 
 from __future__ import annotations
@@ -30,8 +37,11 @@ import time
 import types
 from pathlib import Path
 
+import torch
+
 from distlab.bench.provenance import finished, provenance, write_result
 from distlab.bench.report import print_targets
+from distlab.errors import UserError
 from distlab.infra.launch import LaunchTimeout, RankFailed, run_script
 from distlab.infra.paths import REPO_ROOT
 from distlab.metrics import read_metrics, read_summary
@@ -39,6 +49,7 @@ from distlab.runtime import pick_device
 
 SCHEMA = 2  # bump when the layout of a result file changes; the tests read this layout
 # 2: MFU of a peak timed by every run itself (peak_measured_with), the datasheet MFU; load and CPU flags
+# (added since, so read with .get: the workload's compile/log_every/tf32, CUDA peaks, the GPU provenance)
 LABS = {
     1: "lab1_single",
     2: "lab2_ddp",
@@ -71,6 +82,10 @@ KEPT = (
     "parameters",
     "config",
 )
+# kept too where a lab's summary has them: rank 0's peak bytes on a CUDA device (none on a CPU)
+CUDA_PEAKS = ("cuda_max_memory_allocated", "cuda_max_memory_reserved")
+# options passed on to every lab only when asked for, so a plain run's command line is unchanged
+PASSED_ON = {"compile": "--compile", "log_every": "--log-every", "tf32": "--tf32"}
 
 
 def lab_path(lab: str) -> Path:
@@ -95,28 +110,21 @@ def lab_options(lab: str) -> set[str]:
 
 def lab_args(lab: str, workload: dict, out: Path) -> list[str]:
     """The command line of one run: the workload's options, plus what every benchmark run needs."""
-    args = [
-        "--preset",
-        workload["preset"],
-        "--batch-size",
-        workload["global_batch"],
-        "--steps",
-        workload["steps"],
-        "--dtype",
-        workload["dtype"],
-        "--device",
-        workload["device"],
-        "--eval-batches",
-        workload["eval_batches"],
-        "--sample-chars",
-        0,
-        "--no-progress",
-        "--track-memory",
-        "--out",
-        out,
-    ]
+    args = ["--preset", workload["preset"], "--batch-size", workload["global_batch"], "--steps", workload["steps"]]
+    args += ["--dtype", workload["dtype"], "--device", workload["device"], "--eval-batches", workload["eval_batches"]]
+    args += ["--sample-chars", 0, "--no-progress", "--out", out]
     if "micro_batch_size" in lab_options(lab):
         args += ["--micro-batch-size", workload["micro_batch_size"]]
+    if workload.get("compile"):
+        # no --track-memory: MemTracker is a dispatch mode round a step that compiled blocks run
+        # in, an interaction not tried here; on CUDA the allocator's peaks are recorded anyway
+        args.append("--compile")
+    else:
+        args.append("--track-memory")
+    if workload.get("log_every", 1) != 1:
+        args += ["--log-every", workload["log_every"]]
+    if workload.get("tf32"):
+        args.append("--tf32")
     return [str(a) for a in args]
 
 
@@ -135,6 +143,7 @@ def run_one(lab: str, nprocs: int, workload: dict, runs_dir: Path, timeout: floa
         return {**record, "error": str(err).splitlines()[0]}
     summary = read_summary(out)
     record.update({key: summary.get(key) for key in KEPT})
+    record.update({key: summary[key] for key in CUDA_PEAKS if key in summary})
     record["step_s"] = summary["tokens_per_step"] / summary["tokens_per_s"]
     record["losses"] = [m["loss"] for m in read_metrics(out)]
     return record
@@ -155,11 +164,39 @@ def describe(run: dict) -> str:
         return f"failed: {run['error']}"
     memory = run["peak_bytes_by_kind"].get("total", 0) / 1e6
     mfu = "-" if run["mfu"] is None else f"{run['mfu']:.2f}"  # None: above 1, the peak was no peak
+    if run.get("mfu_of_datasheet_peak") is not None:
+        mfu += f" ({run['mfu_of_datasheet_peak']:.2f} of the datasheet's)"
+    cuda = f"  CUDA peak {run['cuda_max_memory_allocated'] / 1e6:,.0f} MB" if "cuda_max_memory_allocated" in run else ""
     return (
         f"{run['tokens_per_s']:9,.0f} tokens/s  MFU {mfu}  state "
-        f"{run['state_bytes_per_rank']['total'] / 1e6:6.1f} MB/rank  peak {memory:6.1f} MB  "
+        f"{run['state_bytes_per_rank']['total'] / 1e6:6.1f} MB/rank  peak {memory:6.1f} MB{cuda}  "
         f"loss {run['final_train_loss']:.4f}"
     )
+
+
+def check_gpus_for(ranks: list[int], device: torch.device) -> None:
+    """On CUDA every rank needs a GPU of its own: refuse a rank count above the GPUs there are."""
+    if device.type == "cuda" and max(ranks) > torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise UserError(
+            f"--ranks {max(ranks)} needs {max(ranks)} GPUs (one per rank) and this machine shows {count}: "
+            f"ask for at most {count} ranks, or run on --device cpu"
+        )
+
+
+def check_options_exist(workload: dict, labs: set[str]) -> None:
+    """A flag passed on to the labs must be one each of them has (an older lab script may not)."""
+    asked = [name for name in ("compile", "tf32") if workload[name]] + ["log_every"] * (workload["log_every"] != 1)
+    for lab in sorted(labs):
+        missing = [PASSED_ON[name] for name in asked if name not in lab_options(lab)]
+        if missing:
+            raise UserError(f"{lab} has no {', '.join(missing)} option: drop it from the benchmark's command line")
+
+
+def result_name(workload: dict) -> str:
+    """cpu_shakespeare_fp32, cuda_gpt2_bf16, cuda_gpt2_bf16_compile...: a variant gets a file of its own."""
+    name = f"{workload['device']}_{workload['preset']}_{workload['dtype']}"
+    return name + "_tf32" * workload["tf32"] + "_compile" * workload["compile"]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -179,15 +216,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--preset", default="shakespeare", help="model preset (default: shakespeare)")
     parser.add_argument("--batch-size", type=int, default=16, help="global batch, sequences per step (default: 16)")
     parser.add_argument(
-        "--micro-batch-size",
-        type=int,
-        default=4,
-        help="sequences per forward/backward on a rank, labs 3-6 (default: 4)",
+        "--micro-batch-size", type=int, default=4, help="labs 3-6: a rank's sequences per forward (default: 4)"
     )
     parser.add_argument("--steps", type=int, default=12, help="steps per run; the first 2 are not timed (default: 12)")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="(default: fp32)")
     parser.add_argument("--eval-batches", type=int, default=4, help="batches in the final validation loss (default: 4)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    parser.add_argument("--compile", action="store_true", help="every lab with --compile (torch.compile)")
+    parser.add_argument(
+        "--log-every", type=int, default=1, help="every lab logs (and syncs with the host) every K steps (default: 1)"
+    )
+    parser.add_argument("--tf32", action="store_true", help="every lab with --tf32: fp32 matmuls may use TF32 on GPUs")
     parser.add_argument("--out", default="", help="result file (default: results/bench/<device>_<preset>_<dtype>.json)")
     parser.add_argument(
         "--runs-dir", default="runs/bench", help="where the runs write their logs (default: runs/bench)"
@@ -204,6 +243,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--steps must be at least 3 (the first two steps are not timed)")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.log_every < 1:
+        parser.error("--log-every must be at least 1")
     for n in args.ranks:
         if n < 1 or args.batch_size % (n * args.micro_batch_size):
             parser.error(
@@ -211,23 +252,28 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{args.micro_batch_size} over {n} ranks"
             )
 
-    device = pick_device(args.device)
+    device = pick_device(args.device)  # "auto" resolved once: every lab runs on the same kind of device
+    check_gpus_for(args.ranks, device)  # before anything starts
     workload = {
         "preset": args.preset,
         "global_batch": args.batch_size,
         "micro_batch_size": args.micro_batch_size,
         "steps": args.steps,
         "dtype": args.dtype,
-        "device": args.device,
+        "device": device.type,
         "eval_batches": args.eval_batches,
         "repeats": args.repeats,
+        "compile": args.compile,
+        "log_every": args.log_every,
+        "tf32": args.tf32,
     }
     plan = [(LABS[lab], n) for n in sorted(set(args.ranks)) for lab in args.labs if lab != 1 or n == 1]
     if 1 in args.labs and 1 not in args.ranks:
         plan.insert(0, (LABS[1], 1))
+    check_options_exist(workload, {lab for lab, _ in plan})
     # taken before the first run: the commit (and whether it was dirty) of the code that runs,
     # even if files are edited while a long benchmark goes on
-    measured = provenance("distlab.bench", argv, args.device)
+    measured = provenance("distlab.bench", argv, device.type)
     runs_dir = Path(args.runs_dir)
     # round after round over the plan, not each run k times in a row: a slow spell of a
     # shared machine then spreads over every lab instead of falling on one
@@ -241,14 +287,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f" {time.perf_counter() - start:4.0f} s  {describe(made[lab, n][-1])}", flush=True)
     runs = [median_run(made[key]) for key in plan]
 
-    result = {
-        "schema": SCHEMA,
-        "provenance": finished(measured),
-        "workload": {k: v for k, v in workload.items() if k != "device"} | {"device": device.type},
-        "runs": runs,
-    }
-    out = args.out or REPO_ROOT / "results" / "bench" / f"{device.type}_{args.preset}_{args.dtype}.json"
-    write_result(result, out)
+    result = {"schema": SCHEMA, "provenance": finished(measured), "workload": workload, "runs": runs}
+    write_result(result, args.out or REPO_ROOT / "results" / "bench" / f"{result_name(workload)}.json")
     print_targets(result)  # the project's goals, met or not
     return result
 

@@ -6,7 +6,9 @@ decide matmul speed (a CPU with ``avx512_bf16`` or ``amx_bf16`` multiplies bf16 
 without converts it and is far slower in bf16 than in fp32), torch, the commit (marked
 ``+dirty`` when tracked files had changes), the date, the command that made it, and how busy
 the machine was (the load average: on a shared machine, other people's work slows a benchmark
-down). ``finished`` adds the end time and the load then.
+down). On CUDA it adds the GPUs (``gpu_provenance``): their names and count, the NVIDIA driver,
+and the CUDA and NCCL versions torch was built with. ``finished`` adds the end time and the load
+then.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,8 +45,9 @@ def commit() -> str:
 def provenance(module: str, argv: list[str] | None, device: str = "auto") -> dict:
     """Where and when a measurement was made, and the command that made it."""
     command = " ".join(sys.argv[1:] if argv is None else map(str, argv))
+    measured_on = pick_device(device)
     return {
-        "machine": device_name(pick_device(device)),
+        "machine": device_name(measured_on),
         "cpu_count": os.cpu_count(),
         "cpu_flags": cpu_isa_flags(),  # from /proc/cpuinfo: which of distlab.flops.ISA_FLAGS it has
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the vector ISA torch's CPU kernels use
@@ -53,7 +57,40 @@ def provenance(module: str, argv: list[str] | None, device: str = "auto") -> dic
         "commit": commit(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": f"python -m {module} {command}".strip(),
+        **(gpu_provenance() if measured_on.type == "cuda" else {}),
     }
+
+
+def gpu_provenance() -> dict:
+    """The GPUs a CUDA measurement could use: what each is, the driver, CUDA and NCCL."""
+    import torch.cuda.nccl  # not imported by ``import torch``
+
+    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {
+        "gpu_count": len(names),  # as this process sees them (CUDA_VISIBLE_DEVICES applies)
+        "gpu_names": names,
+        "nvidia_driver": nvidia_driver(),
+        "cuda": torch.version.cuda,  # the CUDA runtime torch was built with
+        # the NCCL torch carries (a CUDA build without it, Windows', has none)
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None,
+    }
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver's version (550.54.15, say), from nvidia-smi; None where it cannot tell."""
+    if shutil.which("nvidia-smi") is None:  # torch has no call that returns the driver's version
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return next(iter(out.split()), None)  # one line per GPU, all the same driver
 
 
 def load_average() -> list[float] | None:

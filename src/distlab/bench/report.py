@@ -1,12 +1,16 @@
-"""What a recorded benchmark (``python -m distlab.bench``) says about the project's goals.
+"""What the recorded benchmarks (``python -m distlab.bench``) say: the project's goals, and the GPU
+recordings beside the CPU one.
 
 The harness's last lines and the Benchmarks chapter both read the goals through ``targets``,
-so a verdict in the book is computed one way only. The chapter's own tables and figures
-(scaling, loss agreement, memory) are in ``distlab.chapters.benchmarks``, as are ``run`` and
-``activations``, which read one run of a result for both.
+so a verdict in the book is computed one way only. ``gpu_section`` is what the chapter shows of
+the GPU recordings or, while there is none, says so and gives the command that makes one. The
+chapter's own tables and figures (scaling, loss agreement, memory) are in
+``distlab.chapters.benchmarks``, as are ``run`` and ``activations``, which read one run of a
+result for both.
 
     result = load_result("results/bench/cpu_shakespeare_fp32.json")
     targets(result)       # each goal of the project: measured value, met or not
+    gpu_section(recorded_results())  # what the chapter shows of the GPU recordings
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from distlab.chapters.benchmarks import activations, run
+from distlab.chapters.benchmarks import LAB_NAMES, MB, activations, loss_agreement, run
 from distlab.infra.paths import REPO_ROOT
 
 RESULTS = REPO_ROOT / "results" / "bench"
@@ -121,3 +125,86 @@ def print_targets(result: dict) -> None:
             print(f"{row['goal']:21} {row['target']:>8}   not measured (no {row['missing']})")
         else:
             print(f"{row['goal']:21} {row['target']:>8}   {row['measured']:.3f}  {'met' if row['met'] else 'MISSED'}")
+
+
+# What makes a GPU recording: GPT-2 small's shape in bf16, 16 sequences of 1,024 tokens per GPU and
+# step (the labs' suggestion for GPUs; unmeasured here), the host synced every 10 steps. On more GPUs:
+# their count in --ranks, a --batch-size that grows with it; and once more with --compile (its own file).
+GPU_COMMAND = (
+    "python -m distlab.bench --device cuda --preset gpt2 --dtype bf16 --batch-size 16 "
+    "--micro-batch-size 16 --log-every 10 --steps 30 --repeats 3 --ranks 1"
+)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def recordings_table(results: dict[str, dict]) -> list[dict]:
+    """Every recorded result side by side, CPU and GPU: where, which workload, and lab 1's figures."""
+    rows = []
+    for name, r in results.items():
+        p, w, lab1 = r["provenance"], r["workload"], run(r, "lab1_single", 1) or {}
+        on_gpus = f"{p.get('gpu_count')} x {p['machine']}"
+        rows.append(
+            {
+                "recording": name,
+                "measured on": on_gpus if w["device"] == "cuda" else f"{p['machine']}, {p['cpu_count']} cores",
+                "workload": f"{w['preset']}, {w['dtype']}, batch {w['global_batch']}"
+                + (", compiled" if w.get("compile") else ""),
+                "ranks": ", ".join(map(str, sorted({x["world_size"] for x in r["runs"]}))),
+                "lab 1 tokens/s": f"{lab1['tokens_per_s']:,.0f}" if lab1 else "-",
+                "lab 1 MFU, measured peak": _fmt(lab1.get("mfu")),
+                "lab 1 MFU, datasheet peak": _fmt(lab1.get("mfu_of_datasheet_peak")),  # GPUs in DATASHEET_PEAKS only
+                "date": p["date"][:10],
+            }
+        )
+    return rows
+
+
+def gpu_runs_table(result: dict) -> list[dict]:
+    """One row per run of a GPU recording: speed, MFU of both peaks, rank 0's peak CUDA memory, and
+    how far its losses were from lab 1's."""
+    agreement, rows = loss_agreement(result), []
+    for r in result["runs"]:
+        ok = "error" not in r
+        cuda = "cuda_max_memory_allocated" in r
+        rows.append(
+            {
+                "lab": LAB_NAMES[r["lab"]],
+                "ranks": str(r["world_size"]),
+                "tokens/s": f"{r['tokens_per_s']:,.0f}" if ok else "failed: " + r["error"],
+                "MFU, measured peak": _fmt(r["mfu"]) if ok else "-",
+                "MFU, datasheet peak": _fmt(r.get("mfu_of_datasheet_peak")) if ok else "-",
+                "CUDA peak MB, allocated / reserved": (
+                    f"{r['cuda_max_memory_allocated'] / MB:,.0f} / {r['cuda_max_memory_reserved'] / MB:,.0f}"
+                    if cuda
+                    else "-"
+                ),
+                "loss, largest rel. difference from lab 1": (
+                    f"{agreement[r['lab'], r['world_size']]:.1e}" if (r["lab"], r["world_size"]) in agreement else "-"
+                ),
+            }
+        )
+    return rows
+
+
+def gpu_section(results: dict[str, dict]) -> list:
+    """What the page's GPU section shows, in order (a str is printed, a list of rows is a table): the
+    recordings side by side and each GPU recording's runs; with none, that plainly, and the command."""
+    gpu = {name: r for name, r in results.items() if r["workload"]["device"] == "cuda"}
+    if not gpu:
+        return [
+            "No GPU recording has been made yet: every figure on this page was measured on the CPU machine "
+            f"above. On a machine with CUDA GPUs, this makes one (results/bench/cuda_gpt2_bf16.json):\n  {GPU_COMMAND}"
+        ]
+    shown: list = [recordings_table(results)]
+    for name, r in gpu.items():
+        p = r["provenance"]
+        shown.append(
+            f"{name}: {p.get('gpu_count')} x {p['machine']}, NVIDIA driver {p.get('nvidia_driver')}, "
+            f"CUDA {p.get('cuda')}, NCCL {p.get('nccl')}, torch {p['torch']}, commit {p['commit']}, {p['date']}\n"
+            f"  {p['command']}"
+        )
+        shown.append(gpu_runs_table(r))
+    return shown

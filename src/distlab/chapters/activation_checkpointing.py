@@ -25,9 +25,10 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
-from distlab.memory import saved_activation_bytes
+from distlab.memory import saved_activation_bytes, tracker_snapshot
 from distlab.model import GPT, preset
 from distlab.parallel import apply_activation_checkpointing, save_ops_policy
+from distlab.runtime import dist_env, pick_device, rank_world
 
 
 class CheckpointedBlock(nn.Module):
@@ -133,17 +134,16 @@ def activation_memory(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor
     from torch.distributed._tools.mem_tracker import MemTracker
 
     hooks = saved_activation_bytes(model, idx, targets)
+    device = next(model.parameters()).device  # the model's bytes: on a GPU the tracker counts CPU ones apart
+    kinds = lambda snapshot: {str(k).rsplit(".", 1)[-1]: v for k, v in snapshot.items()}  # noqa: E731
     tracker = MemTracker()
     tracker.track_external(model)
     with tracker:
         logits, loss = model(idx, targets)
         del logits  # the caller's output, not something autograd keeps (cross-entropy saved its own)
-        after_forward = tracker.get_tracker_snapshot("current")
+        now = kinds(tracker_snapshot(tracker, "current", device))
         loss.backward()
-    peak = tracker.get_tracker_snapshot("peak")
-    (device,) = after_forward  # one device
-    kinds = lambda snapshot: {str(k).rsplit(".", 1)[-1]: v for k, v in snapshot[device].items()}  # noqa: E731
-    now, top = kinds(after_forward), kinds(peak)
+    top = kinds(tracker_snapshot(tracker, "peak", device))
     model.zero_grad(set_to_none=True)
     return {"hooks": hooks, "saved": now["ACT"], "peak": top["ACT"] + top["TEMP"]}
 
@@ -173,19 +173,20 @@ def fsdp2_orders(preset_name: str = "tiny", global_batch: int = 8) -> list[dict]
     """Run on every rank (``run_ranks``): one forward and backward under FSDP2 for each of
     ``FSDP2_ORDERS``. Per combination: the largest difference between the reassembled
     gradients and one process's without checkpointing, and, from the profiler, how often
-    FSDP2's pre-forward hook ran per block and how many all-gathers gloo ran."""
-    import torch.distributed as dist
+    FSDP2's pre-forward hook ran per block and how many all-gathers ran (c10d's own op name,
+    the same on gloo and NCCL)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
     from torch.profiler import ProfilerActivity, profile
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     from distlab.parallel import apply_fsdp
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = rank_world()
+    device = pick_device("auto", dist_env()[1])  # NCCL ranks need their model and data on their GPU
     cfg = preset(preset_name)
     gen = torch.Generator().manual_seed(0)
-    idx, targets = torch.randint(0, cfg.vocab_size, (2, global_batch, cfg.block_size), generator=gen)
-    reference = gradients(GPT(cfg), idx, targets)
+    idx, targets = torch.randint(0, cfg.vocab_size, (2, global_batch, cfg.block_size), generator=gen).to(device)
+    reference = gradients(GPT(cfg).to(device), idx, targets)
     rows = idx.shape[0] // world
     mine = slice(rank * rows, (rank + 1) * rows)
     results = []
@@ -193,7 +194,7 @@ def fsdp2_orders(preset_name: str = "tiny", global_batch: int = 8) -> list[dict]
         kwargs = {"checkpoint_impl": CheckpointImpl.REENTRANT if impl == "reentrant" else CheckpointImpl.NO_REENTRANT}
         if mode == "selective":
             kwargs["context_fn"] = lambda: create_selective_checkpoint_contexts(save_ops_policy())
-        model = GPT(cfg)
+        model = GPT(cfg).to(device)  # moved before sharding: apply_fsdp builds its mesh on this device
 
         def wrap_blocks(model=model, kwargs=kwargs):  # bound now: called in this iteration
             for i, block in enumerate(model.blocks):
@@ -216,7 +217,7 @@ def fsdp2_orders(preset_name: str = "tiny", global_batch: int = 8) -> list[dict]
                 "mode": mode,
                 "grad_max_abs_diff": diff,
                 "pre_forward_per_block": sum(n.startswith("FSDP::pre_forward (blocks.") for n in names) / cfg.n_layer,
-                "all_gathers": names.count("gloo:all_gather"),
+                "all_gathers": names.count("c10d::_allgather_base_"),  # gloo:all_gather, nccl:_all_gather_base
             }
         )
     return results

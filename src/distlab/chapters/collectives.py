@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from distlab.infra.launch import run_ranks
-from distlab.runtime import rank_world
+from distlab.runtime import dist_env, pick_device, rank_world, synchronize
 from distlab.scratch.collectives import (
     model_time,
     parity_ring_exchange,
@@ -34,10 +34,16 @@ def environment() -> dict:
     return {**env, **group, "dist.get_backend()": dist.get_backend()}
 
 
+def _device() -> torch.device:
+    """This rank's device as its launch chose it: a GPU on NCCL ranks (NCCL moves only GPU tensors),
+    else the CPU."""
+    return pick_device("auto", dist_env()[1])
+
+
 # --- begin broadcast ---
 def data() -> torch.Tensor:
     rank, _ = rank_world()
-    return torch.tensor([1, 2, 3]) * 10**rank  # the digits of a sum name the ranks in it
+    return torch.tensor([1, 2, 3], device=_device()) * 10**rank  # the digits of a sum name the ranks in it
 
 
 def broadcast() -> dict:
@@ -60,7 +66,7 @@ def all_reduce() -> dict:
 def reduce_scatter() -> dict:
     t = data()
     before = t.tolist()
-    mine = torch.empty(1, dtype=t.dtype)  # 3 elements / 3 ranks: one each
+    mine = torch.empty(1, dtype=t.dtype, device=t.device)  # 3 elements / 3 ranks: one each
     dist.reduce_scatter_single(mine, t)
     return {"before": before, "after": mine.tolist()}
 
@@ -68,7 +74,7 @@ def reduce_scatter() -> dict:
 def all_gather() -> dict:
     piece = data()[:1]  # each rank contributes one element
     before = piece.tolist()
-    everything = torch.empty(rank_world()[1], dtype=piece.dtype)
+    everything = torch.empty(rank_world()[1], dtype=piece.dtype, device=piece.device)
     dist.all_gather_single(everything, piece)
     return {"before": before, "after": everything.tolist()}
 
@@ -123,10 +129,11 @@ def ring_vs_library() -> tuple[float, bool, list[list[int]]]:
     whether integer sums are identical, and after each step k the ring's partial sums of
     2**rank (one element per chunk: each sum is a bit mask of the ranks it contains)."""
     rank, n = rank_world()
+    device = _device()
     torch.manual_seed(rank)
     worst, ints_equal = 0.0, True
     for numel in (n - 1, 10 * n, 10 * n + 1, 100_003):  # fewer than n, divisible, not divisible
-        x, i = torch.randn(numel), torch.randint(-100, 100, (numel,))
+        x, i = torch.randn(numel).to(device), torch.randint(-100, 100, (numel,)).to(device)
         x_ref, i_ref = x.clone(), i.clone()
         dist.all_reduce(x_ref)
         dist.all_reduce(i_ref)
@@ -134,13 +141,16 @@ def ring_vs_library() -> tuple[float, bool, list[list[int]]]:
         ring_all_reduce(i)
         worst = max(worst, (x - x_ref).abs().max().item())
         ints_equal &= torch.equal(i, i_ref)
-    masks = [ring_all_reduce(torch.full((n,), 2**rank), max_steps=k).tolist() for k in range(2 * (n - 1) + 1)]
+    masks = [
+        ring_all_reduce(torch.full((n,), 2**rank, device=device), max_steps=k).tolist() for k in range(2 * (n - 1) + 1)
+    ]
     return worst, ints_equal, masks
 
 
-def ring_check(n: int) -> dict:
-    """``ring_vs_library`` on ``n`` ranks, compared with the simulation ``ring_schedule``."""
-    results = run_ranks(ring_vs_library, nprocs=n, quiet=True)
+def ring_check(n: int, device: str = "cpu") -> dict:
+    """``ring_vs_library`` on ``n`` ranks (gloo CPU ranks, or NCCL GPU ranks with ``device="cuda"``),
+    compared with the simulation ``ring_schedule``."""
+    results = run_ranks(ring_vs_library, nprocs=n, quiet=True, device=device)
     simulated = [[[sum(2**s for s in held) for held in row] for row in e["holds"]] for e in ring_schedule(n)]
     real = [[results[rank][2][k] for rank in range(n)] for k in range(2 * (n - 1) + 1)]
     worst, ints_equal = max(r[0] for r in results), all(r[1] for r in results)
@@ -149,34 +159,35 @@ def ring_check(n: int) -> dict:
 
 def exchange_ranks() -> int:
     """Every rank sends its rank to the right with the parity-ordered blocking exchange."""
-    return parity_ring_exchange(torch.tensor([rank_world()[0]])).item()
+    return parity_ring_exchange(torch.tensor([rank_world()[0]], device=_device())).item()
 
 
 # --- begin timing ---
-def timed(op, repeats: int) -> list[float]:
-    """Seconds per repeat of ``op`` on this rank; each repeat starts at a barrier."""
+def timed(op, repeats: int, device: torch.device) -> list[float]:
+    """Seconds per repeat of ``op`` on this rank (on ``device``); each repeat starts at a barrier."""
     op()  # warm-up
     samples = []
     for _ in range(repeats):
         dist.barrier()  # start together
         start = time.perf_counter()
         op()
+        synchronize(device)  # on a GPU the call returns once the collective is queued, not done
         samples.append(time.perf_counter() - start)
     return samples
 
 
 def time_collectives(sizes: list[int]) -> dict[tuple[str, int], list[float]]:
     """On every rank: both all-reduces at every size, and gloo's two halves at the largest."""
-    times = {}
+    times, device = {}, _device()
     for nbytes in sizes:
-        x = torch.ones(nbytes // 4)  # float32
+        x = torch.ones(nbytes // 4, device=device)  # float32
         repeats = 21 if nbytes < 2**22 else 7  # cheap below 4 MB: more repeats
-        times["dist.all_reduce", nbytes] = timed(lambda x=x: dist.all_reduce(x), repeats)
-        times["ring_all_reduce", nbytes] = timed(lambda x=x: ring_all_reduce(x), repeats)
-    x, largest = torch.ones(sizes[-1] // 4), sizes[-1]
-    shard = torch.empty(x.numel() // rank_world()[1])
-    times["dist.reduce_scatter_single", largest] = timed(lambda: dist.reduce_scatter_single(shard, x), 7)
-    times["dist.all_gather_single", largest] = timed(lambda: dist.all_gather_single(x, shard), 7)
+        times["dist.all_reduce", nbytes] = timed(lambda x=x: dist.all_reduce(x), repeats, device)
+        times["ring_all_reduce", nbytes] = timed(lambda x=x: ring_all_reduce(x), repeats, device)
+    x, largest = torch.ones(sizes[-1] // 4, device=device), sizes[-1]
+    shard = torch.empty(x.numel() // rank_world()[1], device=device)
+    times["dist.reduce_scatter_single", largest] = timed(lambda: dist.reduce_scatter_single(shard, x), 7, device)
+    times["dist.all_gather_single", largest] = timed(lambda: dist.all_gather_single(x, shard), 7, device)
     return times
 
 

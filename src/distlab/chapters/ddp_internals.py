@@ -30,6 +30,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from distlab.infra.experiment import WrapOptions, build, train
+from distlab.memory import tracker_snapshot
 from distlab.model import GPT, preset
 from distlab.parallel import apply_ddp
 from distlab.runtime import dist_env, pick_device
@@ -197,7 +198,7 @@ def bucket_view_costs(as_view: bool, set_to_none: bool, batch: int = 4, tokens: 
         optimizer.step()
         optimizer.zero_grad(set_to_none=set_to_none)
     tracker.__exit__(None, None, None)
-    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    peak = tracker_snapshot(tracker, "peak", _device())  # the model's device: AdamW's step counters sit on the CPU
     return {
         "copies into the bucket (x 1/N)": ops.counts["aten.mul.out"],
         "in-place divisions in the bucket": ops.counts["aten.div_.Scalar"],

@@ -26,7 +26,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data.distributed import DistributedSampler
 
-from distlab.data import TokenData, load_corpus
+from distlab.data import TokenData, token_data
+from distlab.runtime import dist_env, pick_device, rank_world, synchronize
 
 
 # --------------------------------------------------------------- DistributedSampler
@@ -107,25 +108,33 @@ def visit_counts(shards: list[list[int]], n: int) -> list[int]:
 # --------------------------------------------------------------- two ways to feed ranks
 # --- begin strategies ---
 def own_shard(
-    data: TokenData, step: int, global_batch: int, block_size: int, seed: int, rank: int, world_size: int
+    data: TokenData,
+    step: int,
+    global_batch: int,
+    block_size: int,
+    seed: int,
+    rank: int,
+    world_size: int,
+    device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every rank cuts its own rows: no communication, each rank needs the data."""
-    return data.batch("train", step, global_batch, block_size, seed, rank, world_size)
+    return data.batch("train", step, global_batch, block_size, seed, rank, world_size, device)
 
 
 def scatter_from_rank0(
-    data: TokenData | None, step: int, global_batch: int, block_size: int, seed: int
+    data: TokenData | None, step: int, global_batch: int, block_size: int, seed: int, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank 0 builds the global batch and sends each rank its rows; only rank 0 needs data."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = rank_world()
     if global_batch % world_size:
         raise ValueError(f"global batch {global_batch} does not split over {world_size} ranks")
-    mine = torch.empty(2, global_batch // world_size, block_size, dtype=torch.long)  # (2, B/N, T)
+    mine = torch.empty(2, global_batch // world_size, block_size, dtype=torch.long, device=device)  # (2, B/N, T)
     chunks = None
     if rank == 0:
         x, y = data.global_windows("train", step, global_batch, block_size, seed)
-        # x and y in one message per rank; chunk r is rows [r*B/N, (r+1)*B/N), as in batch()
-        chunks = [c.contiguous() for c in torch.stack([x, y]).chunk(world_size, dim=1)]
+        # x and y in one message per rank; chunk r is rows [r*B/N, (r+1)*B/N), as in batch();
+        # on the rank's device, since NCCL sends only from GPU memory
+        chunks = [c.to(device).contiguous() for c in torch.stack([x, y]).chunk(world_size, dim=1)]
     dist.scatter(mine, chunks, src=0)  # rank 0 sends N-1 chunks and keeps its own
     return mine[0], mine[1]
 
@@ -136,14 +145,14 @@ def scatter_from_rank0(
 def both_strategies(
     steps: int = 3, global_batch: int = 16, block_size: int = 64, seed: int = 1337
 ) -> list[tuple[torch.Tensor, ...]]:
-    """On every rank: ``[(x_own, y_own, x_scattered, y_scattered) for each step]``."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    data = TokenData(load_corpus())
+    """On every rank: ``[(x_own, y_own, x_scattered, y_scattered) for each step]``, on the CPU."""
+    rank, world_size = rank_world()
+    data, device = token_data(), pick_device("auto", dist_env()[1])
     out = []
     for step in range(steps):
-        x_own, y_own = own_shard(data, step, global_batch, block_size, seed, rank, world_size)
-        x_sc, y_sc = scatter_from_rank0(data if rank == 0 else None, step, global_batch, block_size, seed)
-        out.append((x_own, y_own, x_sc, y_sc))
+        x_own, y_own = own_shard(data, step, global_batch, block_size, seed, rank, world_size, device)
+        x_sc, y_sc = scatter_from_rank0(data if rank == 0 else None, step, global_batch, block_size, seed, device)
+        out.append(tuple(t.cpu() for t in (x_own, y_own, x_sc, y_sc)))
     return out
 
 
@@ -161,11 +170,11 @@ def time_strategies(
     rank runs from asking for it to holding its rows, waits included (under scatter,
     rank 1 waits for rank 0 to build the batch: the cost of putting rank 0 on the path).
     """
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    data = TokenData(load_corpus())
+    rank, world_size = rank_world()
+    data, device = token_data(), pick_device("auto", dist_env()[1])
     fetch = {
-        "own_shard": lambda s, B: own_shard(data, s, B, block_size, seed, rank, world_size),
-        "scatter": lambda s, B: scatter_from_rank0(data if rank == 0 else None, s, B, block_size, seed),
+        "own_shard": lambda s, B: own_shard(data, s, B, block_size, seed, rank, world_size, device),
+        "scatter": lambda s, B: scatter_from_rank0(data if rank == 0 else None, s, B, block_size, seed, device),
     }
     result: dict = {"rank": rank, "world_size": world_size, "block_size": block_size}
     result.update({name: {B: [] for B in global_batches} for name in fetch})
@@ -175,6 +184,7 @@ def time_strategies(
                 dist.barrier()
                 start = time.perf_counter()
                 get(step, B)
+                synchronize(device)  # on a GPU, until the rows are there, not just queued
                 if step >= warmup:
                     result[name][B].append(time.perf_counter() - start)
     dist.barrier()

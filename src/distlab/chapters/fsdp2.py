@@ -25,6 +25,7 @@ from distlab.data import token_data
 from distlab.errors import UserError
 from distlab.infra import experiment
 from distlab.infra.experiment import build, gpt
+from distlab.memory import tracker_snapshot
 from distlab.model import GPT
 from distlab.parallel import apply_fsdp, check_same_weights
 from distlab.runtime import dist_env, pick_device, rank_world
@@ -81,13 +82,13 @@ def _peak_bytes(model, optimizer, strategy: str, into: dict):
     tracker = Tracker(model, optimizer)
     with tracker:
         yield
-    device = next(iter(tracker.get_tracker_snapshot("peak")))
-    into.update({str(kind): int(n) for kind, n in tracker.get_tracker_snapshot("peak")[device].items()})
+    peak = tracker_snapshot(tracker, "peak", next(model.parameters()).device)  # not the CPU's, on a GPU
+    into.update({str(kind): int(n) for kind, n in peak.items()})
 
 
 def step_trace(preset_name: str = "tiny", reshard_after_forward: bool = True, global_batch: int = 8) -> list:
-    """One training step under the profiler: FSDP2's named ranges and gloo's collectives,
-    (name, start, end) in ms from the step's start, for the page's timeline."""
+    """One training step under the profiler: FSDP2's named ranges and the backend's collectives
+    ("gloo:...", "nccl:..."), (name, start, end) in ms from the step's start, for the timeline."""
     from torch.profiler import ProfilerActivity, profile
 
     exp = build("fsdp2" if reshard_after_forward else "fsdp2-no-reshard", preset_name, global_batch)
@@ -99,7 +100,7 @@ def step_trace(preset_name: str = "tiny", reshard_after_forward: bool = True, gl
     return [
         (e.name, (e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3)
         for e in events
-        if e.name.startswith(("FSDP::", "gloo:"))
+        if e.name.startswith(("FSDP::", "gloo:", "nccl:"))
     ]
 
 
@@ -246,7 +247,7 @@ def meta_init_equals_plain(preset_name: str = "tiny", seed: int = 7) -> float:
     plain = gpt(preset_name, seed).to(device)  # the reference, built and initialised plainly
     with torch.device("meta"):
         model = GPT(plain.config, seed)  # the same config, shapes only: nothing is allocated
-    apply_fsdp(model)
+    apply_fsdp(model, device=device)  # meta parameters have no device yet: say where the shards will live
     model.to_empty(device=device)  # allocates this rank's shards, uninitialised
     with implicit_replication():  # a full-size tensor copied into a DTensor keeps this rank's slice
         model.init_weights(seed)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from distlab.infra.experiment import WrapOptions, train
 from distlab.model import GPT, Block, preset
+from distlab.runtime import dist_env, pick_device
 from distlab.scratch.fsdp import Event, ScratchFSDP, shard_model
 from distlab.scratch.fsdp_units import unit_parameters
 
@@ -114,11 +115,12 @@ def second_model(steps: int = 5, global_batch: int = 16, lr: float = 1e-2) -> di
     computing in bf16, beside one process in fp32. Per variant: the global mean loss of each
     step, and the largest difference of the first step's gradients from one process's."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    images, labels = _conv_batches(steps, global_batch)
+    device = pick_device("auto", dist_env()[1])  # the rank's: a GPU's under NCCL
+    images, labels = (t.to(device) for t in _conv_batches(steps, global_batch))
     mine = slice(rank * global_batch // n, (rank + 1) * global_batch // n)
     out = {}
     for variant in ("one process", "scratch", "scratch bf16", "fully_shard", "fully_shard bf16"):
-        model, fsdp, dtype = ConvNet(), None, torch.bfloat16 if variant.endswith("bf16") else None
+        model, fsdp, dtype = ConvNet().to(device), None, torch.bfloat16 if variant.endswith("bf16") else None
         if variant.startswith("scratch"):
             fsdp = shard_model(model, {ConvBlock}, compute_dtype=dtype)
         elif variant.startswith("fully_shard"):
@@ -168,10 +170,12 @@ def gathered_units(n_layer: int = 4) -> dict[str, list[tuple[str, dict[str, str]
     from distlab.parallel import apply_fsdp
 
     cfg = preset("tiny", n_layer=n_layer, vocab_size=token_data().vocab_size)
+    device = pick_device("auto", dist_env()[1])
     idx = torch.randint(0, cfg.vocab_size, (2, 2, cfg.block_size), generator=torch.Generator().manual_seed(0))
+    idx = idx.to(device)
     out = {}
     for wrapper in ("from scratch", "fully_shard"):
-        model = GPT(cfg, seed=0)
+        model = GPT(cfg, seed=0).to(device)
         units = {f"blocks.{i}": block for i, block in enumerate(model.blocks)} | {"root": model}
         if wrapper == "fully_shard":
             apply_fsdp(model)

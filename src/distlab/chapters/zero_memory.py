@@ -218,17 +218,17 @@ def fsdp2_gathered(n_layer: int = 4, global_batch: int = 4) -> dict[str, dict]:
     bytes this rank holds in gathered parameters: unsharded units, and all-gathers already done
     for a unit that has not started (a prefetch). Their most, and the calculator's, by the
     calculator's strategy name ("zero3", "fsdp2_no_reshard")."""
-    import torch.distributed as dist
-
     from distlab.data import token_data
     from distlab.parallel import apply_fsdp
+    from distlab.runtime import dist_env, pick_device, rank_world
 
     cfg = preset("tiny", n_layer=n_layer, vocab_size=token_data().vocab_size)
-    rank, n = dist.get_rank(), dist.get_world_size()
-    x, y = token_data().batch("train", 0, global_batch, cfg.block_size, 0, rank, n)
+    rank, n = rank_world()
+    device = pick_device("auto", dist_env()[1])  # NCCL ranks gather on their GPU
+    x, y = token_data().batch("train", 0, global_batch, cfg.block_size, 0, rank, n, device)
     out = {}
     for reshard in (True, False):
-        model = apply_fsdp(GPT(cfg), reshard_after_forward=reshard)
+        model = apply_fsdp(GPT(cfg).to(device), reshard_after_forward=reshard)
         groups = [g for m in [*model.blocks, model] for g in m._get_fsdp_state()._fsdp_param_groups]
 
         def gathered_now(groups=groups) -> int:

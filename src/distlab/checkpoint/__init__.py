@@ -3,7 +3,8 @@
     checkpoints.py  Checkpoints: save every --checkpoint-every steps, resume with --resume (DCP)
     state.py        TrainingState, what DCP saves: model, optimizer, each rank's RNG; MUST_MATCH
     folders.py      the step_NNNNNN folders: finished, latest, resume_point, prune, inspect_checkpoint
-    plain.py        load_plain_weights (every lab's --init-from) and to_plain (checkpoint -> model.pt)
+    plain.py        save_plain_weights (model.pt, CPU tensors), load_plain_weights (every lab's --init-from)
+                    and to_plain (checkpoint -> model.pt)
     __main__.py     python -m distlab.checkpoint to-plain CHECKPOINT OUT.pt
 
 torch.distributed.checkpoint (DCP) is imported inside the functions that use it: every lab
@@ -12,7 +13,7 @@ imports this package for load_plain_weights, and importing DCP costs about a sec
 
 from distlab.checkpoint.checkpoints import Checkpoints
 from distlab.checkpoint.folders import finished, inspect_checkpoint, keep_earlier_metrics, latest, prune, resume_point
-from distlab.checkpoint.plain import load_plain_weights, to_plain
+from distlab.checkpoint.plain import load_plain_weights, save_plain_weights, to_plain
 from distlab.checkpoint.state import MUST_MATCH, TrainingState, rng_states
 
 __all__ = [
@@ -27,5 +28,6 @@ __all__ = [
     "prune",
     "resume_point",
     "rng_states",
+    "save_plain_weights",
     "to_plain",
 ]

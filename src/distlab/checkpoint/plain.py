@@ -1,5 +1,6 @@
-"""Plain weights files: ``load_plain_weights`` (every lab's ``--init-from``) and ``to_plain``
-(a sharded checkpoint gathered into the one ``model.pt`` that lab 1 loads).
+"""Plain weights files: ``save_plain_weights`` (every lab's ``model.pt``), ``load_plain_weights``
+(every lab's ``--init-from``) and ``to_plain`` (a sharded checkpoint gathered into the one
+``model.pt`` that lab 1 loads).
 
 Plain files are loaded with ``weights_only=True``, which refuses anything but tensors and
 plain containers, so a weights file cannot run code on the machine that loads it.
@@ -14,6 +15,16 @@ import torch
 from distlab.checkpoint.folders import inspect_checkpoint
 from distlab.checkpoint.state import MODEL_PREFIX, error_line, one_process_is_meant, shape_mismatches
 from distlab.errors import UserError
+
+
+def save_plain_weights(state: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Save a plain state dict (names to tensors) with every tensor on the CPU.
+
+    ``torch.save`` keeps each tensor's device: a file of CUDA tensors loads only where that
+    GPU exists, unless the loader passes ``map_location``. CPU tensors load on any machine,
+    whichever lab and device wrote them. On the CPU, ``.cpu()`` returns the tensor itself, so
+    a CPU run writes what ``torch.save(model.state_dict())`` wrote, tied matrix shared."""
+    torch.save({name: tensor.detach().cpu() for name, tensor in state.items()}, path)
 
 
 def load_plain_weights(model: torch.nn.Module, path: str | Path) -> None:

@@ -21,9 +21,12 @@ def on_ranks(
     timeout: float = 60,
     pg_timeout: float = 10,
     init_group: bool = True,
-    device: str = "auto",
+    device: str = "cpu",
 ) -> list:
     """``run_ranks`` for a checker: the reader's code may raise or wait forever in a collective.
+
+    The ranks run on the CPU over gloo by default, as the book's pages do, on a machine with
+    GPUs too (``run_ranks``' ``device``).
 
     A short process-group timeout turns a collective that one rank never joins into an error
     after ``pg_timeout`` seconds, and ``timeout`` kills everything else that runs too long;
@@ -50,7 +53,8 @@ def on_ranks(
 
 
 def rank_device() -> torch.device:
-    """This rank's device, as the labs choose it (a GPU per rank where there are GPUs)."""
+    """This rank's device, as the labs choose it: ``pick_device("auto")``, so the CPU on the
+    checkers' default CPU ranks (``DISTLAB_DEVICE=cpu``), a GPU per rank with ``device="cuda"``."""
     from distlab.runtime import dist_env, pick_device
 
     return pick_device("auto", dist_env()[1])

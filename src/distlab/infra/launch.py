@@ -3,6 +3,9 @@
     results = run_ranks(fn, nprocs=2)            # fn(*args) on every rank, results by rank
     run_script("src/labs/lab1_single.py", ["--steps", "50"], nprocs=1)
 
+The ranks run on the CPU over gloo, on a machine with GPUs too, unless ``device="cuda"`` asks for
+one GPU per rank: what the book shows does not depend on the machine that builds it.
+
 Underneath is PyTorch's own elastic launcher (what ``torchrun`` uses), with a c10d
 rendezvous on 127.0.0.1 and an OS-chosen free port, so two launches at once never
 collide. The launcher runs in a child process of its own session (forked from a forkserver
@@ -25,10 +28,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import cloudpickle
+import torch
 
+from distlab.errors import UserError
 from distlab.infra.launcher import kill_session, pump, rank_entry, script_entry, start_launcher
 from distlab.infra.paths import REPO_ROOT
 from distlab.infra.ports import check_port_free
+from distlab.runtime import CPU_PIN, cpu_pinned
 
 
 class RankFailed(RuntimeError):
@@ -45,7 +51,13 @@ class LaunchTimeout(TimeoutError):
 
 def _rank_env(nprocs: int, device: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if device in ("auto", "cpu") and "OMP_NUM_THREADS" not in os.environ:
+    if device == "cpu":
+        # pinned: every rank's "auto" is the CPU and no rank sees a GPU, so the book and the CPU
+        # tests run on gloo CPU ranks, with the same results, on a machine with GPUs too
+        env.update({CPU_PIN: "cpu", "CUDA_VISIBLE_DEVICES": ""})
+    elif device == "cuda":
+        env.pop(CPU_PIN, None)  # asked for GPUs: a pin in the caller's environment must not undo it
+    if _ranks_use_cpu(device) and "OMP_NUM_THREADS" not in os.environ:
         # ranks that share the cores must not each start a thread per core (3x slower)
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
     # the ranks import what the caller can import: a function from a module on the
@@ -53,6 +65,26 @@ def _rank_env(nprocs: int, device: str) -> dict[str, str]:
     caller_path = [p or os.getcwd() for p in sys.path]
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "src"), *caller_path])
     return env
+
+
+def _ranks_use_cpu(device: str) -> bool:
+    """Whether the ranks' ``pick_device(device)`` will choose the CPU (else one GPU each)."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    return device == "cpu" or (device == "auto" and (cpu_pinned() or not torch.cuda.is_available()))
+
+
+def _check_gpus_for(nprocs: int, device: str) -> None:
+    """One GPU per rank: more ranks than GPUs fails here in one line, before anything starts,
+    not in every extra rank as "invalid device ordinal"."""
+    if _ranks_use_cpu(device):
+        return
+    gpus = torch.cuda.device_count()
+    if nprocs > gpus:
+        raise UserError(
+            f"{nprocs} ranks on device={device!r} need {nprocs} GPUs, one per rank, and this process sees "
+            f"{gpus}: start at most {gpus} rank{'s' if gpus != 1 else ''}, or pass device='cpu'"
+        )
 
 
 # gloo's full-mesh connect, the first thing every rank does, now and then fails when other
@@ -82,6 +114,7 @@ def _launch(entrypoint, args: tuple, nprocs: int, timeout: float, device: str, q
 def _launch_once(entrypoint, args: tuple, nprocs: int, timeout: float, device: str, quiet: bool, port: int = 0) -> list:
     if nprocs < 1:
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
+    _check_gpus_for(nprocs, device)
     if port:
         check_port_free(port)
     with tempfile.TemporaryDirectory(prefix="distlab-launch-") as tmp:
@@ -119,7 +152,7 @@ def run_ranks(
     nprocs: int = 2,
     args: tuple = (),
     timeout: float = 120,
-    device: str = "auto",
+    device: str = "cpu",
     pg_timeout: float = 60,
     init_group: bool = True,
     quiet: bool = False,
@@ -129,6 +162,11 @@ def run_ranks(
     Each rank has joined the default process group (gloo on CPU, NCCL on GPU, with a
     ``pg_timeout`` second timeout) before ``fn`` runs, so ``fn`` can use
     ``torch.distributed`` directly. Results must be picklable.
+
+    ``device="cpu"`` (the default) pins the ranks to the CPU and gloo even where there are GPUs
+    (``DISTLAB_DEVICE=cpu`` and an empty ``CUDA_VISIBLE_DEVICES`` in their environment);
+    ``"cuda"`` gives each rank a GPU of its own (at most one rank per GPU), and ``"auto"`` lets
+    the ranks choose as ``distlab.runtime.pick_device`` does.
     """
     payload = (cloudpickle.dumps(fn), tuple(args), device, pg_timeout, init_group)
     return _launch(rank_entry, payload, nprocs, timeout, device, quiet)
@@ -139,14 +177,16 @@ def run_script(
     args: list[str] = (),
     nprocs: int = 1,
     timeout: float = 600,
-    device: str = "auto",
+    device: str = "cpu",
     quiet: bool = False,
     port: int = 0,
 ) -> None:
     """Run ``python script *args`` on ``nprocs`` ranks, as ``torchrun`` would.
 
     A relative ``script`` is looked up from the repository root, so notebooks anywhere
-    can say ``run_script("src/labs/lab1_single.py", ...)``. ``port`` 0 lets the OS pick a
+    can say ``run_script("src/labs/lab1_single.py", ...)``. ``device`` is the ranks' environment,
+    as for ``run_ranks``: with ``"cpu"`` (the default) the script's ``--device auto`` is the CPU
+    whatever GPUs the machine has; pass ``"cuda"`` with ``--device cuda``. ``port`` 0 lets the OS pick a
     free rendezvous port; a port that is taken raises ``distlab.infra.ports.PortInUse``
     before anything starts.
     """

@@ -23,8 +23,13 @@ def _send_recv(send_buf: torch.Tensor, dst: int, recv_buf: torch.Tensor, src: in
     # Post both before waiting on either. Every rank of the ring sends and receives in the
     # same step; a rank that finished its send before posting its receive would wait for a
     # neighbour that is waiting for it (see blocking_ring_send_first below).
-    requests = [dist.irecv(recv_buf, src), dist.isend(send_buf, dst)]
-    for request in requests:
+    # One batch, not an irecv then an isend: PyTorch's NCCL backend queues unbatched sends and
+    # receives to the same peer on one CUDA stream (all of them, when the group was created
+    # with a device_id, as ours are), so with 2 ranks each rank's receive would wait for a
+    # send queued behind its peer's receive. A batch is one NCCL group call, whose sends and
+    # receives progress together. gloo cannot batch and posts the two one by one, as before.
+    batch = [dist.P2POp(dist.irecv, recv_buf, src), dist.P2POp(dist.isend, send_buf, dst)]
+    for request in dist.batch_isend_irecv(batch):
         request.wait()
 
 
