@@ -1,27 +1,37 @@
-"""Feeding the ranks: DistributedSampler's exact rules, two loading strategies, mp.spawn."""
+"""Feeding the ranks: DistributedSampler's exact rules, two loading strategies, seeds and
+DataLoader workers, sharding by rank x worker, mp.spawn."""
 
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data.distributed import DistributedSampler
 
 from distlab.chapters.feeding_ranks import (
+    SOURCES,
+    SeedProbe,
     both_strategies,
     epoch_order,
     expected_layout,
     expected_shards,
     sampler_epochs,
+    samples_read,
+    seeds_on_ranks,
     time_strategies,
     try_spawn,
     visit_counts,
+    worker_draws,
 )
 from distlab.data import TokenData, load_corpus
 from distlab.infra.launch import run_ranks
 from distlab.infra.paths import REPO_ROOT
+from distlab.runtime import rank_world
+from distlab.tools.sharding import ShardedIterable, shard_sizes
 
 SIZES = [(n, N) for n in range(1, 23) for N in range(1, 8)]
 
@@ -150,3 +160,88 @@ def test_the_spawn_example_and_torchrun_train_alike():
 def test_spawn_needs_a_function_it_can_pickle_by_name():
     assert try_spawn(print, nprocs=1, timeout=60) == "ok"
     assert "pickle" in try_spawn(lambda rank: None, nprocs=1, timeout=60).lower()
+
+
+class EveryItem(IterableDataset):
+    """The naive stream: every copy, in every worker of every rank, yields all items."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        yield from self.items
+
+
+def seeds_workers_and_shards():
+    items = list(range(40))
+    splits = {"naive": EveryItem(items), "by rank x worker": ShardedIterable(items)}
+    return rank_world()[0], seeds_on_ranks(trials=30), worker_draws(), samples_read(splits, workers=2)
+
+
+def test_seeds_workers_and_sharding_inside_two_ranks():
+    """DDP hides a per-rank init, not shared dropout masks; DataLoader workers run inside the
+    ranks, get their seeds from the rank's generator, and copy a dataset's own generator;
+    sharding by rank x worker reads each item once where the naive stream reads it 4 times."""
+    ranks = run_ranks(seeds_workers_and_shards, nprocs=2, quiet=True, timeout=120)
+    assert [r[0] for r in ranks] == [0, 1]
+    seeds = ranks[0][1]
+    assert seeds["rank"] == 0 and {**seeds, "rank": 1} == ranks[1][1]  # gathered or averaged: equal on both
+    assert seeds["init"] == [False, True]  # different weights before DDP, rank 0's after
+    assert seeds["mask_agree"]["same"] == 1.0 and 0.4 < seeds["mask_agree"]["per_rank"] < 0.6
+    assert seeds["grad_var"]["same"] > seeds["grad_var"]["per_rank"] > 0
+
+    def values(rank, mode, source, worker):
+        return [d[source] for d in ranks[rank][2][mode] if d["worker"] == worker]
+
+    for worker in (0, 1):
+        seed0, seed1 = (values(r, "same", "seed", worker) for r in (0, 1))
+        assert seed0 == seed1  # one torch seed on both ranks: the same worker seeds
+        assert values(0, "per_rank", "seed", worker) != values(1, "per_rank", "seed", worker)
+    assert values(0, "same", "seed", 1)[0] == values(0, "same", "seed", 0)[0] + 1  # base_seed + worker id
+    for source in SOURCES:
+        copied = source == "dataset's rng"  # not reseeded: the same draws in every worker, on every rank
+        assert (values(0, "per_rank", source, 0) == values(0, "per_rank", source, 1)) is copied
+        assert (values(0, "per_rank", source, 0) == values(1, "per_rank", source, 0)) is copied
+        assert values(0, "same", source, 0) == values(1, "same", source, 0)
+
+    reads = [r[3] for r in ranks]
+    assert visit_counts([r["naive"] for r in reads], 40) == [4] * 40  # 2 ranks x 2 workers
+    assert visit_counts([r["by rank x worker"] for r in reads], 40) == [1] * 40
+
+
+@pytest.mark.parametrize("n,world,workers", [(64, 2, 2), (1003, 3, 2), (5, 3, 2)])  # at most 2 workers: CI has 2 cores
+def test_sharded_iterable_reads_each_item_once_with_ranks_set_by_hand(n, world, workers):
+    """Ranks simulated in one process (rank and world_size passed), real DataLoader workers."""
+    reads = []
+    for rank in range(world):
+        loader = DataLoader(ShardedIterable(list(range(n)), rank, world), batch_size=None, num_workers=workers)
+        reads.append([int(i) for i in loader])
+    assert visit_counts(reads, n) == [1] * n
+    assert [len(r) for r in reads] == [sum(s) for s in shard_sizes(n, world, workers)]
+    single = [int(i) for i in DataLoader(ShardedIterable(list(range(n)), 0, 1), batch_size=None)]
+    assert single == list(range(n))  # no workers, one rank: the whole stream, in order
+
+
+def test_exercise_shard_sizes_of_1003_records_on_3_ranks_of_4_workers():
+    assert [sum(r) for r in shard_sizes(1003, 3, 4)] == [336, 335, 332]
+
+
+def test_sharded_iterable_rejects_a_half_given_or_impossible_rank():
+    with pytest.raises(ValueError, match="both"):
+        ShardedIterable([1, 2], rank=1)
+    with pytest.raises(ValueError, match="not in a world"):
+        ShardedIterable([1, 2], rank=2, world_size=2)
+
+
+def seed_dataset_rng(worker_id):
+    info = get_worker_info()
+    info.dataset.rng = np.random.default_rng(info.seed)  # info.seed = base_seed + worker_id
+
+
+def test_a_worker_init_fn_gives_each_worker_its_own_dataset_rng():
+    """The answer to the page's last exercise: without it both workers draw the same numbers."""
+    for init_fn, copied in ((None, True), (seed_dataset_rng, False)):
+        torch.manual_seed(0)
+        items = list(DataLoader(SeedProbe(6), batch_size=None, num_workers=2, worker_init_fn=init_fn))
+        per_worker = [[d["dataset's rng"] for d in items if d["worker"] == w] for w in (0, 1)]
+        assert (per_worker[0] == per_worker[1]) is copied

@@ -1,14 +1,14 @@
-"""Feeding the ranks: which samples each rank sees, and two ways to get them there.
+"""Feeding the ranks: which samples each rank sees, how they get there, and their randomness.
 
-Two halves, both used by the chapter "Feeding the ranks" and checked by its tests:
+Used by the chapter "Feeding the ranks" and checked by its tests:
 
-* ``DistributedSampler`` as it really behaves: ``sampler_epochs`` runs PyTorch's own
-  sampler for every rank (no process group needed: ``num_replicas`` and ``rank`` are
-  passed explicitly), and ``expected_shards`` is the same rule written out by hand, so a
-  test can hold the two against each other.
-* Two strategies for the book's token data, to compare by measurement on real ranks:
-  every rank cuts its own rows of the global batch (``own_shard``, what the labs do), or
-  rank 0 builds the whole global batch and scatters the rows (``scatter_from_rank0``).
+* ``DistributedSampler`` as it really behaves: ``sampler_epochs`` runs PyTorch's own sampler
+  for every rank (``num_replicas`` and ``rank`` passed, no process group), and
+  ``expected_shards`` is the same rule written out by hand, to hold the two against each other.
+* Two strategies for the book's token data, measured on real ranks: every rank cuts its own
+  rows of the global batch (``own_shard``, as the labs do), or rank 0 scatters them.
+* Seeds per rank (``seeds_on_ranks``), DataLoader workers' seeds (``SeedProbe``) and an
+  ``IterableDataset`` read by rank x worker (``samples_read``), run inside the ranks.
 """
 
 from __future__ import annotations
@@ -16,14 +16,18 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import random
 import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 from torch.utils.data.distributed import DistributedSampler
 
 from distlab.data import TokenData, token_data
@@ -218,3 +222,79 @@ def try_spawn(fn, args: tuple = (), nprocs: int = 2, timeout: float = 60.0) -> s
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+
+
+# --------------------------------------------------------------- seeds, workers, sharding
+def _gather(t: torch.Tensor) -> torch.Tensor:
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t.contiguous())
+    return torch.stack(out)  # (N, *t.shape)
+
+
+# --- begin seeds ---
+def seeds_on_ranks(seed: int = 0, trials: int = 100) -> dict:
+    """On every rank: are the weights equal on all ranks before and after DDP (``init``), the init
+    seeded with ``seed + rank``; then, with one seed on all ranks (``same``) or ``seed + rank``
+    (``per_rank``), the share of dropout-mask elements equal on all ranks and, over ``trials``
+    mask draws (data and weights fixed), the summed variance of DDP's averaged gradient."""
+    rank, world_size = rank_world()
+    torch.manual_seed(seed + rank)  # the mistake: a per-rank seed before the model is built
+    # dropout before the ReLU: its input is never exactly 0, so ``out != 0`` is the mask itself
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Dropout(0.5), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    weights = [_gather(torch.nn.utils.parameters_to_vector(model.parameters()).detach())]  # (N, P)
+    model = DDP(model)  # broadcasts rank 0's parameters and buffers
+    weights.append(_gather(torch.nn.utils.parameters_to_vector(model.parameters()).detach()))
+    out = {"rank": rank, "init": [bool((w == w[0]).all()) for w in weights], "mask_agree": {}, "grad_var": {}}
+    x = torch.randn(32, 16, generator=torch.Generator().manual_seed(1000 + rank))  # (B, 16): this rank's data
+    masks: list[torch.Tensor] = []
+    model.module[1].register_forward_hook(lambda mod, inp, y: masks.append(y != 0))  # (B, 64)
+    for mode in ("same", "per_rank"):
+        grads = []
+        for t in range(trials):
+            torch.manual_seed(seed + t if mode == "same" else (seed + t) * world_size + rank)
+            model.zero_grad()
+            model(x).pow(2).mean().backward()  # DDP averages the gradients over the ranks
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        every = _gather(masks[-1])  # (N, B, 64)
+        out["mask_agree"][mode] = (every == every[0]).all(0).float().mean().item()
+        out["grad_var"][mode] = torch.stack(grads).var(0).sum().item()  # dropout's noise only
+    return out
+
+
+# --- end seeds ---
+
+
+# --- begin probe ---
+class SeedProbe(Dataset):
+    """Each item says which worker made it and draws once from each random source."""
+
+    def __init__(self, n: int):
+        self.n, self.rng = n, np.random.default_rng(0)  # made in the parent: every worker gets a copy
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        info = get_worker_info()  # None in the main process
+        draws = (torch.rand(()).item(), random.random(), float(np.random.random()), float(self.rng.random()))
+        return {"worker": info.id if info else -1, "seed": torch.initial_seed(), **dict(zip(SOURCES, draws))}
+
+
+SOURCES = ("torch", "random", "numpy", "dataset's rng")
+
+# --- end probe ---
+
+
+def worker_draws(seed: int = 0, items: int = 8, workers: int = 2) -> dict:
+    """On every rank: the probe's items through a DataLoader with workers, the rank's torch RNG
+    seeded alike on all ranks (``same``) or with ``seed + rank`` (``per_rank``)."""
+    out = {}
+    for mode in ("same", "per_rank"):
+        torch.manual_seed(seed if mode == "same" else seed + rank_world()[0])  # the loader draws base_seed from it
+        out[mode] = list(DataLoader(SeedProbe(items), batch_size=None, num_workers=workers))
+    return out
+
+
+def samples_read(datasets: dict[str, IterableDataset], workers: int = 2) -> dict[str, list[int]]:
+    """On every rank: the items its DataLoader, with ``workers`` workers, yields from each dataset."""
+    return {name: [int(i) for i in DataLoader(d, batch_size=None, num_workers=workers)] for name, d in datasets.items()}

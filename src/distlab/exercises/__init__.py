@@ -8,6 +8,7 @@ starting with ``passed:`` that says what was compared, or raises an ``AssertionE
 
     chapter / lab                exercise  checker
     Collectives                  3         check_all_reduce(all_reduce)
+    DDP in practice              5         check_exact_evaluation(evaluate)
     FSDP from scratch            3         check_sgd_exposes_missing_division(make_optimizer, SummingUnit)
     FSDP from scratch            4         check_bf16_unit(Bf16Unit)
     Activation checkpointing     2         check_attention_only_policy(policy)
@@ -21,6 +22,7 @@ starting with ``passed:`` that says what was compared, or raises an ``AssertionE
 from distlab.exercises.accelerate import check_skips_sync
 from distlab.exercises.activation_checkpointing import check_attention_only_policy
 from distlab.exercises.collectives import check_all_reduce
+from distlab.exercises.ddp_in_practice import check_exact_evaluation
 from distlab.exercises.debugging import check_lockstep_broadcast
 from distlab.exercises.fault_tolerance import check_kill_during_shard_writes
 from distlab.exercises.fsdp_scratch import check_bf16_unit, check_sgd_exposes_missing_division
@@ -29,6 +31,7 @@ from distlab.exercises.lab3_grad_accum import check_accumulates_by_tokens
 
 __all__ = [
     "check_all_reduce",
+    "check_exact_evaluation",
     "check_sgd_exposes_missing_division",
     "check_bf16_unit",
     "check_attention_only_policy",
