@@ -260,7 +260,9 @@ def test_page_ends_with_exercises_whose_answers_open_on_demand(crawl, page):
 # The pages whose exercises ask for code, each with a checker (distlab.exercises).
 CODE_EXERCISES = {
     "collectives": 1,
+    "ddp_overlap": 1,
     "ddp_in_practice": 1,
+    "ddp_tuning": 1,
     "fsdp_scratch": 2,
     "activation_checkpointing": 1,
     "accelerate": 1,

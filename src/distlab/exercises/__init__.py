@@ -8,7 +8,9 @@ starting with ``passed:`` that says what was compared, or raises an ``AssertionE
 
     chapter / lab                exercise  checker
     Collectives                  3         check_all_reduce(all_reduce)
+    DDP overlap and compression  5         check_fp16_hook(hook)
     DDP in practice              5         check_exact_evaluation(evaluate)
+    DDP's flags, batch and LR    4         check_scaled_lr(scaled_lr)
     FSDP from scratch            3         check_sgd_exposes_missing_division(make_optimizer, SummingUnit)
     FSDP from scratch            4         check_bf16_unit(Bf16Unit)
     Activation checkpointing     2         check_attention_only_policy(policy)
@@ -23,6 +25,8 @@ from distlab.exercises.accelerate import check_skips_sync
 from distlab.exercises.activation_checkpointing import check_attention_only_policy
 from distlab.exercises.collectives import check_all_reduce
 from distlab.exercises.ddp_in_practice import check_exact_evaluation
+from distlab.exercises.ddp_overlap import check_fp16_hook
+from distlab.exercises.ddp_tuning import check_scaled_lr
 from distlab.exercises.debugging import check_lockstep_broadcast
 from distlab.exercises.fault_tolerance import check_kill_during_shard_writes
 from distlab.exercises.fsdp_scratch import check_bf16_unit, check_sgd_exposes_missing_division
@@ -32,6 +36,8 @@ from distlab.exercises.lab3_grad_accum import check_accumulates_by_tokens
 __all__ = [
     "check_all_reduce",
     "check_exact_evaluation",
+    "check_fp16_hook",
+    "check_scaled_lr",
     "check_sgd_exposes_missing_division",
     "check_bf16_unit",
     "check_attention_only_policy",

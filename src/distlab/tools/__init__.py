@@ -1,5 +1,8 @@
 """What a reader keeps using after the book: ``debug`` (Lockstep, check_replicas, the
 flight-recorder analyser), ``runs`` (the run-log CLI, ``python -m distlab.tools.runs``), the
 memory calculator (``memory_calculator``, ``calculator_page``) and ``dtypes`` (which dtype each
-operator really ran in) and ``sharding`` (an ``IterableDataset`` split by rank x DataLoader worker).
+operator really ran in), ``sharding`` (an ``IterableDataset`` split by rank x DataLoader worker),
+``step_model`` (a DDP step from your numbers: the smallest batch that hides the all-reduce) and
+``allreduce_costs`` (ring, tree, in-network and hierarchical all-reduce), ``comm_timeline`` and
+``comm_bytes`` (when each bucket travelled, and how many bytes), ``lr_scaling`` (learning-rate rules).
 May import the training library and ``infra``."""

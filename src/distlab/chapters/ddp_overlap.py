@@ -1,0 +1,236 @@
+"""The overlap on a timeline, and compressing the gradients: the experiments of book/ddp_overlap.md.
+
+    run_ranks(timeline_demo, nprocs=2)                    # bucket timestamps, from-scratch and torch DDP
+    run_ranks(compression_demo, nprocs=2)                 # bytes, seconds and losses per comm hook
+
+Both run on every rank of a ``run_ranks`` launch (2 gloo ranks on the page).
+"""
+
+import math
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from distlab.data import token_data
+from distlab.model import GPT, preset
+from distlab.parallel import apply_ddp
+from distlab.runtime import dist_env, pick_device, rank_world, synchronize
+from distlab.scratch.ddp import BucketedDDP
+from distlab.tools.comm_bytes import CountedAllReduce
+from distlab.tools.comm_timeline import Timeline, timestamping_hook
+
+SEED = 1337
+
+
+def _batch(step: int, rows_per_rank: int, tokens: int):
+    rank, world_size = rank_world()
+    return token_data().batch("train", step, rows_per_rank * world_size, tokens, SEED, rank, world_size)
+
+
+def _model(preset_name: str) -> GPT:
+    torch.manual_seed(0)  # the same initial weights in every variant (DDP broadcasts rank 0's anyway)
+    return GPT(preset(preset_name, vocab_size=token_data().vocab_size))
+
+
+# ---------------------------------------------------------------- the overlap on a timeline
+# --- begin scratch recorder ---
+class _TimedWork:
+    """Stands in for the all-reduce's Work object: records when the step waits on it and when it returns."""
+
+    def __init__(self, work, timeline: Timeline, bucket: int):
+        self.work, self.timeline, self.bucket = work, timeline, bucket
+        work.get_future().then(lambda _: timeline.mark("done", bucket))  # runs when gloo completes it
+
+    def wait(self):
+        self.timeline.mark("wait", self.bucket)
+        result = self.work.wait()
+        self.timeline.mark("waited", self.bucket)
+        return result
+
+
+class TimedBucketedDDP(BucketedDDP):
+    """BucketedDDP, with every bucket's ready, launch, done and wait times recorded in ``timeline``."""
+
+    def __init__(self, module: nn.Module, timeline: Timeline, **options):
+        super().__init__(module, **options)
+        self.timeline = timeline
+        for i, bucket in enumerate(self.buckets):
+            timeline.bucket_bytes[i] = bucket.buffer.numel() * bucket.buffer.element_size()
+
+    def _into_bucket(self, p: torch.Tensor, grad: torch.Tensor) -> None:
+        bucket = self.bucket_of[p]
+        if bucket.pending == 1:  # this gradient completes the bucket
+            self.timeline.mark("ready", self.buckets.index(bucket))
+        first_unlaunched = self.next_to_launch
+        super()._into_bucket(p, grad)  # launches every bucket that is now next in line and full
+        for i in range(first_unlaunched, self.next_to_launch):
+            self.timeline.mark("launch", i)
+            self.buckets[i].work = _TimedWork(self.buckets[i].work, self.timeline, i)
+
+
+# --- end scratch recorder ---
+
+
+# --- begin timeline ---
+def timeline_demo(
+    preset_name: str = "shakespeare", bucket_cap_mb: float = 6.0, rows: int = 2, tokens: int = 64, steps: int = 2
+) -> dict:
+    """On every rank: ``steps`` steps of the from-scratch BucketedDDP, then of torch's DDP, each step's
+    events recorded (forward, backward, per-gradient ticks, per-bucket ready/launch/done/waited)."""
+    out = {}
+    for wrapper in ("from scratch", "torch"):
+        timeline, module = Timeline(), _model(preset_name)
+        if wrapper == "from scratch":
+            model = TimedBucketedDDP(module, timeline, bucket_cap_mb=bucket_cap_mb)
+        else:
+            model = DDP(module, bucket_cap_mb=bucket_cap_mb)
+            model.register_comm_hook(timeline, timestamping_hook)
+        timeline.watch_gradients(module)
+        recorded = []
+        for step in range(steps):
+            x, y = _batch(step, rows, tokens)
+            timeline.clear()
+            if wrapper == "torch":
+                timeline.bucket_bytes.clear()  # the hook records them again: torch's buckets change after step 1
+            timeline.mark("forward")
+            loss = model(x, y)[1]
+            timeline.mark("backward")
+            loss.backward()  # torch's DDP waits for its buckets in here, before backward() returns
+            timeline.mark("backward returned")
+            if wrapper == "from scratch":
+                model.finish_gradient_sync()  # ours waits here
+            timeline.mark("synced")
+            recorded.append({"events": list(timeline.events), "bucket_bytes": dict(timeline.bucket_bytes)})
+        out[wrapper] = recorded
+    return out
+
+
+# --- end timeline ---
+
+
+# ---------------------------------------------------------------- communication hooks
+def bf16_hook_by_another_name(process_group, bucket):
+    """``bf16_compress_hook``, under a name DDP does not refuse on CPU (see the page)."""
+    return default_hooks.bf16_compress_hook(process_group, bucket)
+
+
+def _register(ddp: DDP, variant: str, start_powersgd_iter: int):
+    """Register the comm hook of ``variant`` on ``ddp``; returns the PowerSGD state, or None."""
+    if variant == "fp32":
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)  # what DDP does without a hook
+    elif variant == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif variant == "bf16":
+        ddp.register_comm_hook(None, bf16_hook_by_another_name)
+    elif variant.startswith("powersgd-"):
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=int(variant.split("-")[1]),
+            start_powerSGD_iter=start_powersgd_iter,  # plain all-reduce before this step
+        )
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return state
+    else:
+        raise ValueError(f"unknown variant {variant!r}: fp32, fp16, bf16 or powersgd-<rank>")
+    return None
+
+
+def bf16_refusal() -> str:
+    """What ``register_comm_hook(None, bf16_compress_hook)`` says on a CPU build: one line."""
+    ddp = DDP(_model("tiny"))
+    try:
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    except TypeError as err:
+        return f"TypeError: {err}"
+    return "registered"
+
+
+# --- begin compression ---
+def train_with_hook(
+    variant: str,
+    steps: int = 30,
+    rows: int = 4,
+    tokens: int = 64,
+    lr: float = 3e-3,
+    start_powersgd_iter: int = 2,
+    preset_name: str = "tiny",
+    bucket_cap_mb: float | None = None,
+) -> dict:
+    """``steps`` AdamW steps under DDP with the comm hook ``variant``: per step the global mean loss,
+    the all-reduces this rank issued (elements, dtype, bytes) and the seconds of forward + backward."""
+    device = pick_device("auto", dist_env()[1])  # the CPU on the page's ranks; a GPU each with device="cuda"
+    cap = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    ddp = apply_ddp(_model(preset_name).to(device), device, **cap)  # tiny: 0.41 MiB of gradients, one bucket
+    _register(ddp, variant, start_powersgd_iter)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=lr)
+    losses, sent, seconds = [], [], []
+    for step in range(steps):
+        x, y = (t.to(device) for t in _batch(step, rows, tokens))
+        opt.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        with CountedAllReduce() as counted:
+            loss = ddp(x, y)[1]
+            loss.backward()  # the hook's all-reduces, all finished when backward returns
+            synchronize(device)
+        seconds.append(time.perf_counter() - start)
+        sent.append(counted.calls)
+        opt.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)  # for the record: the global mean loss of this step
+        losses.append(mean.item() / dist.get_world_size())
+    return {"losses": losses, "calls": sent, "seconds": seconds, "val_loss": val_loss(ddp.module, tokens)}
+
+
+def val_loss(model: GPT, tokens: int = 64, rows: int = 32) -> float:
+    """The loss on one fixed validation batch (the same on every rank, whose weights are equal)."""
+    x, y = token_data().batch("val", 0, rows, tokens, SEED, device=next(model.parameters()).device)
+    with torch.no_grad():
+        return model(x, y)[1].item()
+
+
+# --- end compression ---
+
+
+def compression_demo(variants=("fp32", "fp16", "bf16", "powersgd-1", "powersgd-2", "powersgd-4"), **kwargs) -> dict:
+    """Every variant on this rank, plus the bf16 refusal and the parameter shapes for the formula."""
+    out = {variant: train_with_hook(variant, **kwargs) for variant in variants}
+    out["bf16 refusal"] = bf16_refusal()
+    out["shapes"] = [tuple(p.shape) for p in _model("tiny").parameters()]
+    return out
+
+
+def powersgd_many_buckets(bucket_cap_mb: float = 0.05, steps: int = 5, rank: int = 2) -> int:
+    """PowerSGD on gloo with several buckets: aborts or hangs (book/ddp_overlap.md says why). Not run by
+    the book: ``run_ranks(powersgd_many_buckets, nprocs=2, timeout=60)`` reproduces it. Returns the
+    number of buckets if it survives."""
+    ddp = DDP(_model("tiny"), bucket_cap_mb=bucket_cap_mb)
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
+    ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    for step in range(steps):
+        x, y = _batch(step, 2, 64)
+        ddp(x, y)[1].backward()
+    return len(ddp.reducer._get_zeros_like_grad_buckets())
+
+
+# --- begin formula ---
+def powersgd_elements(shapes, rank: int, min_compression_rate: float = 2) -> dict[str, int]:
+    """What PowerSGD all-reduces per step for gradients of these shapes (torch's powerSGD_hook):
+    each gradient viewed as an n x m matrix (m = 1 for a vector) is compressed to P (n x r) and
+    Q (m x r), r = min(n, m, rank), when (n + m) r min_compression_rate < n m; else sent whole."""
+    out = {"uncompressed": 0, "P": 0, "Q": 0}
+    for shape in shapes:
+        n, m = shape[0], math.prod(shape[1:])
+        r = min(n, m, rank)
+        if (n + m) * r * min_compression_rate < n * m:
+            out["P"] += n * r
+            out["Q"] += m * r
+        else:
+            out["uncompressed"] += n * m
+    return out
+
+
+# --- end formula ---

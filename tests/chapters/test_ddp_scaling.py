@@ -1,0 +1,137 @@
+"""The DDP step model: its pure functions, its buckets against torch DDP's, its exposed all-reduce
+against a measurement on 2 gloo ranks and against the recorded 1/2/4-rank runs; the all-reduce cost
+models; and the halving-doubling all-reduce against dist.all_reduce."""
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distlab.chapters.ddp_scaling import (
+    EXPOSED_TOLERANCE,
+    GPU_FLOPS,
+    RECORDED_TOLERANCE,
+    bucket_sweep,
+    cpu_check,
+    measure_on_ranks,
+    recorded_runs_check,
+)
+from distlab.errors import UserError
+from distlab.infra.launch import run_ranks
+from distlab.model import preset
+from distlab.scratch import halving_doubling
+from distlab.tools import allreduce_costs as costs
+from distlab.tools.step_model import (
+    GPU_LINKS,
+    Link,
+    bucket_sizes,
+    ddp_default_buckets,
+    ddp_step,
+    efficiency,
+    gradient_bytes,
+    ring_all_reduce_s,
+    smallest_batch,
+    smallest_batch_from_nccl_tests,
+)
+
+FAST = Link("test", alpha=1e-6, busbw=100e9, source="test")
+
+
+def test_ring_time_is_the_alpha_beta_model_of_the_collectives_page():
+    assert ring_all_reduce_s(10**9, 1, FAST) == 0
+    assert ring_all_reduce_s(8e6, 4, FAST) == pytest.approx(6 * 1e-6 + 1.5 * 8e6 / 100e9)
+
+
+def test_buckets_follow_ddps_rule_whole_tensors_in_reverse_order():
+    grads = gradient_bytes(preset("shakespeare"))
+    assert sum(grads) == 4 * 10_770_816
+    default = ddp_default_buckets(preset("shakespeare"))
+    assert sum(default) == sum(grads) and default == [2363904, 28391424, 12327936]  # torch DDP's, read on the page
+    assert bucket_sizes([5, 5, 5], cap_bytes=8) == [10, 5]  # closes at the first tensor that reaches the cap
+    assert bucket_sizes([5, 5, 5], cap_bytes=100) == [15]
+
+
+def test_step_exposes_the_last_bucket_on_fast_links_and_everything_without_overlap():
+    buckets = [10e6, 10e6, 10e6]
+    cost = ring_all_reduce_s(10e6, 8, FAST)
+    fast = ddp_step(1.0, buckets, 8, FAST)  # 1 s of compute hides all but the last bucket
+    assert fast["exposed"] == pytest.approx(cost) and fast["comm"] == pytest.approx(3 * cost)
+    serial = ddp_step(1.0, buckets, 8, FAST, overlap=False)
+    assert serial["exposed"] == pytest.approx(3 * cost)
+    slow = ddp_step(1e-6, buckets, 8, FAST)  # no compute to hide behind
+    assert slow["exposed"] == pytest.approx(3 * cost, rel=1e-3) and slow["efficiency"] < 0.01
+
+
+def test_smallest_batch_is_the_first_to_reach_the_target():
+    cfg, link = preset("gpt2"), GPU_LINKS["100 Gb/s network"]
+    b = smallest_batch(cfg, 8, link, GPU_FLOPS)
+    assert efficiency(cfg, b, 8, link, GPU_FLOPS) >= 0.9 > efficiency(cfg, b - 1, 8, link, GPU_FLOPS)
+    faster = smallest_batch(cfg, 8, GPU_LINKS["NVLink (one node)"], GPU_FLOPS)
+    assert faster < b
+    assert smallest_batch_from_nccl_tests(cfg, 8, 12.5, 9.6, GPU_FLOPS) == b
+    with pytest.raises(UserError):
+        smallest_batch_from_nccl_tests(cfg, 8, 0, 9.6, GPU_FLOPS)
+    with pytest.raises(UserError):
+        smallest_batch(cfg, 8, link, GPU_FLOPS, target=1.5)
+
+
+def test_all_reduce_cost_models():
+    a, bw = 5e-6, 50e9
+    assert costs.halving_doubling_s(1e6, 2, a, bw) == pytest.approx(costs.ring_s(1e6, 2, a, bw))
+    assert costs.tree_s(1e3, 64, a, bw) < costs.ring_s(1e3, 64, a, bw)  # log2 N latency wins small messages
+    big = 1e10
+    assert costs.in_network_s(big, a, bw) / costs.ring_s(big, 64, a, bw) == pytest.approx(64 / 126, rel=1e-2)
+    one_node = costs.hierarchical_s(1e6, 1, 8, (a, bw), (a, bw))
+    assert one_node == pytest.approx(costs.ring_s(1e6, 8, a, bw))  # reduce-scatter + all-gather is the ring
+
+
+def _against_all_reduce() -> list:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(rank)
+    out = []
+    for numel in (n - 1, 8, 1001, 100_003):
+        i = torch.randint(-100, 100, (numel,))
+        x = torch.randn(numel)
+        i_ref, x_ref = i.clone(), x.clone()
+        dist.all_reduce(i_ref), dist.all_reduce(x_ref)
+        sent = []
+        halving_doubling.halving_doubling_all_reduce(i, sent)
+        halving_doubling.halving_doubling_all_reduce(x)
+        out.append((numel, torch.equal(i, i_ref), (x - x_ref).abs().max().item(), len(sent), sum(sent)))
+    t = torch.arange(12.0).reshape(3, 4).t() * (rank + 1)  # non-contiguous
+    halving_doubling.halving_doubling_all_reduce(t)
+    out.append(torch.equal(t, torch.arange(12.0).reshape(3, 4).t() * n * (n + 1) / 2))
+    return out
+
+
+def test_halving_doubling_equals_dist_all_reduce_in_2_log2_n_messages():
+    n = 4
+    for per_rank in run_ranks(_against_all_reduce, nprocs=n, quiet=True, timeout=60):
+        *cases, non_contiguous = per_rank
+        assert non_contiguous
+        for numel, ints_equal, worst, messages, elements in cases:
+            assert ints_equal and worst < 1e-4
+            assert messages == 2 * math.log2(n)  # the ring: 2(N-1) = 6
+            assert abs(elements - 2 * (n - 1) / n * numel) <= 2 * math.log2(n)  # the ring's bytes, give or take
+
+
+def test_halving_doubling_refuses_a_world_size_that_is_not_a_power_of_two(monkeypatch):
+    monkeypatch.setattr(halving_doubling.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(halving_doubling.dist, "get_world_size", lambda: 3)
+    with pytest.raises(UserError, match="power-of-two"):
+        halving_doubling.halving_doubling_all_reduce(torch.ones(4))
+
+
+def test_model_against_this_machine():
+    measured = run_ranks(measure_on_ranks, nprocs=2, args=(8,), quiet=True, timeout=120)  # 8 pairs: the page runs 12
+    model_buckets = ddp_default_buckets(preset("shakespeare"))
+    assert measured[0]["buckets"][None] == model_buckets
+    assert measured[0]["buckets"][1.0] == bucket_sizes(gradient_bytes(preset("shakespeare")), 2**20)
+    check = cpu_check(measured)
+    low, high = EXPOSED_TOLERANCE
+    assert low < check["ratio"] < high, check
+    assert check["predicted_if_overlapped"] < check["predicted_exposed"]
+    for row in recorded_runs_check(check["link"]):
+        assert RECORDED_TOLERANCE[0] < row["ratio"] < RECORDED_TOLERANCE[1], row
+    assert [row["cap"] for row in bucket_sweep(check["link"])] == [1.0, 25.0, 100.0]
