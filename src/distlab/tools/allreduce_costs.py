@@ -69,14 +69,18 @@ def algorithms_one_node(n: float, ranks: int, nvlink: tuple[float, float]) -> di
 def algorithms_across_nodes(
     n: float, nodes: int, per_node: int, nvlink: tuple[float, float], nic: tuple[float, float]
 ) -> dict[str, float]:
-    """Seconds per algorithm for ``nodes`` x ``per_node`` GPUs, a NIC per GPU. The flat ring and the
-    tree treat every rank's link as one NIC (the slowest hop of their path); the hierarchical
-    all-reduce uses NVLink inside the node and all g NICs across; with SHARP the same hierarchy
-    has the network switch sum the 1/g pieces (what NCCL's CollNet algorithms do)."""
+    """Seconds per algorithm for ``nodes`` x ``per_node`` GPUs, a NIC per GPU. A single ring or
+    tree (one *channel*) sends all its bytes through one NIC per hop (the slowest link of its path);
+    NCCL runs several channels side by side, each leaving the node through its own NIC, and takes
+    their bus bandwidth as channels x a channel's speed (``busBw = nChannels * speed`` in its
+    ``tuning.cc``): the ring with a channel per NIC. The hierarchical all-reduce uses NVLink inside
+    the node and all g NICs across; with SHARP the same hierarchy has the network switch sum the
+    1/g pieces (what NCCL's CollNet algorithms do)."""
     ranks, (a_out, b_out) = nodes * per_node, nic
     return {
-        "flat ring": ring_s(n, ranks, a_out, b_out),
-        "tree": tree_s(n, ranks, a_out, b_out),
+        "ring, one channel": ring_s(n, ranks, a_out, b_out),
+        "tree, one channel": tree_s(n, ranks, a_out, b_out),
+        "ring, a channel per NIC": ring_s(n, ranks, a_out, b_out * per_node),
         "hierarchical": hierarchical_s(n, nodes, per_node, nvlink, nic),
         "hierarchical + SHARP": hierarchical_s(n, 1, per_node, nvlink, nic) + in_network_s(n / per_node, a_out, b_out),
     }
