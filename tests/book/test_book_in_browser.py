@@ -264,6 +264,7 @@ CODE_EXERCISES = {
     "ddp_in_practice": 1,
     "ddp_tuning": 1,
     "fsdp_scratch": 2,
+    "fsdp_big_models": 1,
     "activation_checkpointing": 1,
     "accelerate": 1,
     "fault_tolerance": 1,

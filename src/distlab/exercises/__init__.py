@@ -13,6 +13,7 @@ starting with ``passed:`` that says what was compared, or raises an ``AssertionE
     DDP's flags, batch and LR    4         check_scaled_lr(scaled_lr)
     FSDP from scratch            3         check_sgd_exposes_missing_division(make_optimizer, SummingUnit)
     FSDP from scratch            4         check_bf16_unit(Bf16Unit)
+    A model bigger than one rank 3         check_fill_blocks(fill_blocks_)
     Activation checkpointing     2         check_attention_only_policy(policy)
     Accelerate                   3         check_skips_sync(sync_context)
     Resume and fault tolerance   4         check_kill_during_shard_writes(stall)
@@ -29,6 +30,7 @@ from distlab.exercises.ddp_overlap import check_fp16_hook
 from distlab.exercises.ddp_tuning import check_scaled_lr
 from distlab.exercises.debugging import check_lockstep_broadcast
 from distlab.exercises.fault_tolerance import check_kill_during_shard_writes
+from distlab.exercises.fsdp_big_models import check_fill_blocks
 from distlab.exercises.fsdp_scratch import check_bf16_unit, check_sgd_exposes_missing_division
 from distlab.exercises.lab2_ddp import check_loads_ddp_state
 from distlab.exercises.lab3_grad_accum import check_accumulates_by_tokens
@@ -40,6 +42,7 @@ __all__ = [
     "check_scaled_lr",
     "check_sgd_exposes_missing_division",
     "check_bf16_unit",
+    "check_fill_blocks",
     "check_attention_only_policy",
     "check_skips_sync",
     "check_kill_during_shard_writes",

@@ -4,5 +4,6 @@ memory calculator (``memory_calculator``, ``calculator_page``) and ``dtypes`` (w
 operator really ran in), ``sharding`` (an ``IterableDataset`` split by rank x DataLoader worker),
 ``step_model`` (a DDP step from your numbers: the smallest batch that hides the all-reduce) and
 ``allreduce_costs`` (ring, tree, in-network and hierarchical all-reduce), ``comm_timeline`` and
-``comm_bytes`` (when each bucket travelled, and how many bytes), ``lr_scaling`` (learning-rate rules).
+``comm_bytes`` (when each bucket travelled, and how many bytes), ``collective_bytes`` (the bytes of
+every c10d collective, from Python or C++), ``lr_scaling`` (learning-rate rules).
 May import the training library and ``infra``."""
