@@ -209,15 +209,22 @@ def load_check(model: GPT, preset_name: str = "tiny") -> dict:
     return {"max param diff": params, "max logit diff": (logits - reference(x[rows])[0]).abs().max().item()}
 
 
-def clip_check(model: GPT, max_norm: float = 0.5, preset_name: str = "tiny") -> dict:
-    """One backward on this rank's rows, ``clip_grad_norm_`` over the DTensor gradients; against one
-    process on the whole batch."""
+def backward_beside_one_process(model: GPT, preset_name: str) -> GPT:
+    """One backward of the sharded ``model`` on this rank's 4 rows of a global batch, and of an
+    unsharded copy on the whole batch (returned): the gradients to compare."""
     rank, world_size = rank_world()
     reference = gpt(preset_name, SEED)
     x, y = token_data().batch("train", 0, 4 * world_size, model.config.block_size, 0, 0, 1, CPU)
-    rows = slice(rank * 4, (rank + 1) * 4)
+    rows = slice(rank * 4, (rank + 1) * 4)  # this rank's rows of the global batch
     model(x[rows], y[rows])[1].backward()
     reference(x, y)[1].backward()
+    return reference
+
+
+def clip_check(model: GPT, max_norm: float = 0.5, preset_name: str = "tiny") -> dict:
+    """One backward on this rank's rows, ``clip_grad_norm_`` over the DTensor gradients; against one
+    process on the whole batch."""
+    reference = backward_beside_one_process(model, preset_name)
     # --- begin clip ---
     with CommDebugMode() as comm:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # every rank must call it
@@ -258,14 +265,9 @@ def hsdp_clip_check(preset_name: str = "tiny", max_norm: float = 0.5) -> dict:
     process's. Each gradient is ``Shard(0)`` on the shard dimension and ``Replicate`` on the other."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    rank, world_size = rank_world()
-    mesh = init_device_mesh("cpu", (2, world_size // 2), mesh_dim_names=("replicate", "shard"))
+    mesh = init_device_mesh("cpu", (2, rank_world()[1] // 2), mesh_dim_names=("replicate", "shard"))
     model = apply_fsdp(gpt(preset_name, SEED), mesh=mesh)
-    reference = gpt(preset_name, SEED)
-    x, y = token_data().batch("train", 0, 4 * world_size, model.config.block_size, 0, 0, 1, CPU)
-    rows = slice(rank * 4, (rank + 1) * 4)
-    model(x[rows], y[rows])[1].backward()
-    reference(x, y)[1].backward()
+    reference = backward_beside_one_process(model, preset_name)
     with CommDebugMode() as comm:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     return {
