@@ -17,13 +17,15 @@ import, and nothing else. An API for six scripts: change it and every lab's diff
 
 Around it, one subpackage per role:
 
-    scratch/    the mechanisms rebuilt by hand (collectives, data_parallel, ddp, fsdp), each
-                tested equal to PyTorch's own
+    scratch/    the mechanisms rebuilt by hand (collectives, data_parallel, ddp, fsdp, a
+                halving-doubling all-reduce, SyncBatchNorm), each tested equal to PyTorch's own
     chapters/   one module per chapter page, named after it: ``chapters/fsdp2.py`` holds the
                 experiments ``book/fsdp2.md`` runs
     exercises/  the checkers of the exercises that ask for code, named after their page
     tools/      what a reader keeps using after the book: the debugging tools, the run-log
-                CLI (``python -m distlab.tools.runs``), the memory calculator
+                CLI (``python -m distlab.tools.runs``), the memory calculator, the DDP step
+                model and all-reduce cost models, counters of collectives' bytes, a straggler
+                detector
     bench/      the benchmarks (``python -m distlab.bench``, ``python -m distlab.bench.ddp``, ...)
                 and the recorded results' provenance
     infra/      plumbing for pages and tests: launching ranks from a notebook, repository paths,

@@ -5,5 +5,6 @@ operator really ran in), ``sharding`` (an ``IterableDataset`` split by rank x Da
 ``step_model`` (a DDP step from your numbers: the smallest batch that hides the all-reduce) and
 ``allreduce_costs`` (ring, tree, in-network and hierarchical all-reduce), ``comm_timeline`` and
 ``comm_bytes`` (when each bucket travelled, and how many bytes), ``collective_bytes`` (the bytes of
-every c10d collective, from Python or C++), ``lr_scaling`` (learning-rate rules).
+every c10d collective, from Python or C++), ``lr_scaling`` (learning-rate rules),
+``stragglers`` (the slow rank, from per-rank step times gathered every k steps).
 May import the training library and ``infra``."""
