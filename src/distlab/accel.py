@@ -127,9 +127,13 @@ def strategy_of(model: nn.Module) -> str:
 
 def check_strategy(model: nn.Module, accelerator, fsdp: bool) -> str:
     """The strategy in use after ``prepare``; an error if it is not the one asked for."""
-    # DDP whenever Accelerate runs distributed: under torchrun that includes a single process
-    distributed = accelerator.distributed_type != "NO"  # DistributedType is a str enum
-    want = "fsdp2" if fsdp else ("ddp" if distributed else "single")
+    # When Accelerate wraps DDP (prepare_model, accelerate/accelerator.py): on CPU ranks
+    # (MULTI_CPU) always, one process under torchrun included; on GPUs (MULTI_GPU) only with
+    # several processes (``multi_device`` needs ``use_distributed``, num_processes > 1, in
+    # state.py). Seen on an H100: lab 6 under torchrun with one process trains unwrapped.
+    kind = accelerator.distributed_type  # DistributedType is a str enum
+    wraps_ddp = kind == "MULTI_CPU" or (kind != "NO" and accelerator.num_processes > 1)
+    want = "fsdp2" if fsdp else ("ddp" if wraps_ddp else "single")
     got = strategy_of(model)
     if got != want:
         raise UserError(

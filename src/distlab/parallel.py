@@ -104,10 +104,13 @@ def apply_compile(model: nn.Module, **compile_kwargs) -> nn.Module:
     ``torch.compile(block)``, an ``OptimizedModule``, in its place would add ``_orig_mod.``
     to every key. After activation checkpointing, a block is its checkpoint wrapper and is
     compiled with the recompute inside; before sharding, FSDP2's hooks then run around the
-    compiled block, outside the graph: ``nn.Module.compile`` compiles ``_call_impl``, hooks
-    included, and FSDP2's hooks are marked ``_dynamo_disable`` (``_fsdp_state.py`` in
-    ``torch/distributed/fsdp/_fully_shard/``), so the compiled graph breaks around them. Compiling happens at the
-    first call, not here: the first steps take longer (the labs time them apart).
+    compiled block, outside the graph: ``nn.Module.compile`` wraps ``_call_impl``, hooks
+    included, but Dynamo skips that frame (``torch.nn`` is in its skip list,
+    ``torch/_dynamo/trace_rules.py``) and compiles the block's ``forward`` frame, so the hooks
+    run eagerly, with no graph break (``book/fsdp_compile.md`` counts the graphs); where Dynamo
+    does trace into an FSDP2 hook, it is ``_dynamo_disable``d (``_fsdp_common.py`` in
+    ``torch/distributed/fsdp/_fully_shard/``). Compiling happens at the first call, not here:
+    the first steps take longer (the labs time them apart).
     """
     for block in model.blocks:
         block.compile(**compile_kwargs)

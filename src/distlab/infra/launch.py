@@ -120,6 +120,8 @@ def _launch_once(entrypoint, args: tuple, nprocs: int, timeout: float, device: s
     with tempfile.TemporaryDirectory(prefix="distlab-launch-") as tmp:
         spec_path, result_path = Path(tmp, "spec.pkl"), Path(tmp, "result.pkl")
         spec = {"entrypoint": entrypoint, "args": args, "nprocs": nprocs, "result_path": str(result_path), "port": port}
+        # fork only where no process of ours can have touched a GPU (why: launcher.py, LaunchConfig)
+        spec["start_method"] = "spawn" if torch.cuda.is_available() else "fork"
         spec_path.write_bytes(pickle.dumps(spec))
         log_path = Path(tmp, "output.log")
         log_path.touch()

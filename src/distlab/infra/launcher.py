@@ -116,9 +116,13 @@ def _launcher_main(spec_path: str) -> None:
         rdzv_configs={"timeout": 60},
         max_restarts=0,
         monitor_interval=0.1,
-        # fork, not spawn: a function's ranks start from this process, torch already imported
-        # (measured ~40% faster per launch); it has touched no GPU, so forking is safe
-        start_method="fork",
+        # Where no GPU is visible, the ranks are forked: they start from this process, torch
+        # already imported (measured ~40% faster per launch). Where one is, they are spawned,
+        # fresh interpreters: CUDA cannot be used in a child forked from a process that
+        # initialised it, and on an H100 (torch 2.11) every forked GPU rank failed so ("Cannot
+        # re-initialize CUDA in forked subprocess"; their ancestor is the forkserver, which
+        # preloads torch and torch._dynamo), and forked CPU ranks aborted in backward
+        start_method=spec.get("start_method", "fork"),
         local_addr="127.0.0.1",
         logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL),
         log_line_prefix_template="[rank${rank}] ",

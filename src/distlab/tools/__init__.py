@@ -6,5 +6,7 @@ operator really ran in), ``sharding`` (an ``IterableDataset`` split by rank x Da
 ``allreduce_costs`` (ring, tree, in-network and hierarchical all-reduce), ``comm_timeline`` and
 ``comm_bytes`` (when each bucket travelled, and how many bytes), ``collective_bytes`` (the bytes of
 every c10d collective, from Python or C++), ``lr_scaling`` (learning-rate rules),
-``stragglers`` (the slow rank, from per-rank step times gathered every k steps).
+``stragglers`` (the slow rank, from per-rank step times gathered every k steps), ``fsdp_timeline``
+(FSDP2's gathered bytes after every operator, and who issued each all-gather), ``offload`` (an
+activation offload hook, and a meter of what any offload hook moves).
 May import the training library and ``infra``."""
