@@ -3,6 +3,7 @@
 import os
 import threading
 import time
+from types import SimpleNamespace
 
 import cloudpickle
 import pytest
@@ -11,7 +12,7 @@ import torch.distributed as dist
 
 from distlab.errors import UserError
 from distlab.infra.launch import LaunchTimeout, RankFailed, _rank_env, run_ranks, run_script
-from distlab.infra.launcher import rank_entry
+from distlab.infra.launcher import _root_failure, rank_entry
 from distlab.runtime import pick_device
 
 
@@ -155,3 +156,15 @@ def test_more_ranks_than_gpus_is_refused_in_one_line_before_anything_starts(monk
         run_script("src/labs/lab1_single.py", ["--device", "cuda"], nprocs=4, device="cuda")
     with pytest.raises(ValueError, match="device must be 'auto', 'cpu' or 'cuda', got 'gpu'"):
         run_ranks(rank_sum, device="gpu")
+
+
+def test_the_reported_failure_is_the_root_cause_not_the_peer_that_lost_its_connection():
+    """Elastic's timestamps are whole seconds: a rank's timeout and its peer's "Connection closed
+    by peer" a moment later often tie, and the lower rank would be named."""
+    lost = SimpleNamespace(
+        message="RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:10150", timestamp=7
+    )
+    timed_out = SimpleNamespace(message="RuntimeError: [unbound_buffer.cc:81] Timed out waiting 5000ms", timestamp=7)
+    assert _root_failure(SimpleNamespace(failures={0: lost, 1: timed_out})) == (1, timed_out)
+    later = SimpleNamespace(message="ValueError: bad input", timestamp=9)
+    assert _root_failure(SimpleNamespace(failures={0: later, 1: timed_out})) == (1, timed_out)  # else the earliest

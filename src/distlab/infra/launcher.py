@@ -6,7 +6,7 @@ launcher's output followed line by line, and the report of a failed rank.
     kill_session(proc)                                # on a timeout: the launcher and every rank
 
 The launcher runs PyTorch's elastic launcher (what ``torchrun`` uses) on the spec that
-``distlab.infra.launch`` pickled, and writes the ranks' results, or the first failure, back
+``distlab.infra.launch`` pickled, and writes the ranks' results, or the failure that caused the others, back
 to a file.
 """
 
@@ -70,9 +70,27 @@ def script_entry(path: str, argv: tuple) -> None:
 _NAMES_AN_ERROR = re.compile(r"Error\b|error:|Exception\b|what\(\)|Timed out|doesn't match")
 
 
+# A rank whose peer died fails a moment later with the peer's socket closed. Elastic's
+# get_first_failure picks the smallest timestamp, but its timestamps are whole seconds, so the
+# two often tie and the lower rank wins: a send-first ring on 2 ranks, where rank 1 timed out,
+# was once reported as rank 0's "Connection closed by peer" (a CI run of the tests).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+
+
+def _root_failure(err) -> tuple[int, Any]:
+    """The failure that caused the others: a rank's own error before a lost peer, then the earliest."""
+
+    def order(item):
+        rank, failure = item
+        lost_peer = any(text in str(failure.message) for text in _PEER_GONE)
+        return (lost_peer, failure.timestamp, rank)
+
+    return min(err.failures.items(), key=order)
+
+
 def _failure_report(err, log_dir: str) -> tuple[int, str, str]:
-    """(rank, one-line summary, details) of the rank that failed first: the root cause."""
-    rank, failure = err.get_first_failure()
+    """(rank, one-line summary, details) of the rank whose failure is the root cause."""
+    rank, failure = _root_failure(err)
     message = (failure.error_file_data or {}).get("message", "")
     summary, details = "", ""
     if isinstance(message, dict):  # a function rank: elastic recorded its exception
