@@ -21,7 +21,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from distlab.infra.paths import REPO_ROOT
 from support.book import toc_pages
-from support.browser import CHROMIUM_ARGS, DESKTOP, PHONE, chromium_path, serve, visit
+from support.browser import CHROMIUM_ARGS, DESKTOP, PHONE, chromium_path, serve, visit_all
 
 PAGES = [p.relative_to(REPO_ROOT / "book").with_suffix("").as_posix() for p in toc_pages()]
 SCREENSHOTS = Path(os.environ.get("DISTLAB_SCREENSHOTS", REPO_ROOT / "_build" / "screenshots"))
@@ -91,17 +91,8 @@ def page_facts(page) -> dict:
 def crawl(site):
     """Every page, loaded once and read at both viewports: {page: {"desktop": Visit,
     "phone": Visit, "facts": page_facts(...)}}."""
-    base, _, browser = site
-    context = browser.new_context()
-    try:
-        return {
-            page: visit(
-                context, f"{base}{page}.html", {"desktop": DESKTOP, "phone": PHONE}, SCREENSHOTS, inspect=page_facts
-            )
-            for page in PAGES
-        }
-    finally:
-        context.close()
+    base, _, _ = site
+    return visit_all(base, PAGES, {"desktop": DESKTOP, "phone": PHONE}, SCREENSHOTS, inspect=page_facts)
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -195,3 +195,34 @@ def visit(context, url: str, views: dict[str, dict], screenshots: Path | None = 
     finally:
         page.close()
     return seen
+
+
+def visit_all(base: str, pages: list[str], views: dict[str, dict], screenshots: Path | None, inspect, workers: int = 3):
+    """`visit()` every page of `pages` (paths under `base`, without ".html"), on `workers`
+    browsers at once; returns {page: visit's result}, in the order of `pages`.
+
+    A visit is mostly waiting (for the network to go quiet, for MathJax and the widgets), not
+    computing, so browsers side by side finish sooner: the book's 35 pages took 67 s in one
+    browser and 48 s in three on 2 cores (four were no faster: by then the cores are busy).
+    Playwright's sync API must stay in the thread that started it, so each thread starts its own
+    Playwright and Chromium."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from playwright.sync_api import sync_playwright
+
+    def visit_share(share: list[str]) -> dict:
+        seen = {}
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+            try:
+                context = browser.new_context()
+                for page in share:
+                    seen[page] = visit(context, f"{base}{page}.html", views, screenshots, inspect=inspect)
+            finally:
+                browser.close()
+        return seen
+
+    shares = [pages[i::workers] for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        results = {page: seen for share in pool.map(visit_share, shares) for page, seen in share.items()}
+    return {page: results[page] for page in pages}
