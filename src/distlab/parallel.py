@@ -138,6 +138,7 @@ def apply_fsdp(
     param_dtype: torch.dtype | None = None,
     check_weights: bool = True,
     device: torch.device | None = None,
+    offload_policy=None,
 ) -> nn.Module:
     """Shard ``model`` with FSDP2: each transformer block is one unit, then the root.
 
@@ -163,6 +164,9 @@ def apply_fsdp(
     CUDA mesh whenever a GPU is visible, whatever ``--device`` chose
     (``_init_default_mesh`` in ``torch/distributed/fsdp/_fully_shard/_fsdp_init.py``). A
     model on the ``meta`` device has no device yet: pass ``device``, where its shards will live.
+    ``offload_policy``: FSDP2's ``CPUOffloadPolicy`` for every unit (shards, gradients and the
+    optimizer step in CPU memory; ``book/fsdp_prefetch_offload.md``); build the model on the CPU
+    and pass ``device`` then, since the parameters no longer say where training runs.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -172,6 +176,8 @@ def apply_fsdp(
         mesh = _mesh_on(device or _parameters_device(model))
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
     kwargs = {"mesh": mesh} if mp is None else {"mesh": mesh, "mp_policy": mp}
+    if offload_policy is not None:
+        kwargs["offload_policy"] = offload_policy
     for block in model.blocks:
         fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
     # The root never reshards after forward: backward starts with the head (tied to the token

@@ -279,7 +279,7 @@ def test_latest_skips_unfinished_folders(tmp_path):
 def test_the_chapter_reads_what_dcp_wrote_and_where(never_stopped):
     from distlab.chapters.checkpoints import checkpoint_groups, piece_table
 
-    step5, model = never_stopped / "checkpoints" / "step_000005", GPT(preset("tiny", vocab_size=65))
+    step5, model = never_stopped / "checkpoints" / "step_000005", gpt("tiny")
     pieces = piece_table(step5, "app.model.wte.weight")  # 65 rows in dim-0 chunks of ceil(65/2)
     assert [(p["rows"], p["file"]) for p in pieces] == [("0-32", "__0_0.distcp"), ("33-64", "__1_0.distcp")]
     groups, state, params = checkpoint_groups(step5), model.state_dict(), list(model.parameters())

@@ -3,25 +3,24 @@
     python -m distlab.bench.fsdp_offload                      # on a GPU: gpt2 preset, bf16 and fp32
     python -m distlab.bench.fsdp_offload --device cpu --out /tmp/smoke.json   # a smoke run, seconds
 
-One process joins a process group of one (NCCL on a GPU, gloo on the CPU) through a free port on
-127.0.0.1, without torchrun, and trains the preset's GPT under ``fully_shard`` (each block, then
-the root) for each dtype (``bf16``: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``;
-``fp32``), without offloading and with ``CPUOffloadPolicy(pin_memory=True)``, one variant at a
-time (pinning needs an accelerator: the CPU smoke run uses ``pin_memory=False``). With one rank
-nothing is sharded, so without offload the GPU holds the whole model state, and with it the GPU
-holds only the gathered units and activations: the H2D copies of the shards before every
-all-gather, the D2H copies of the gradients and AdamW on the CPU are what a step pays for that.
-Each variant reports the median step time (after ``--warmup`` steps), the peak GPU memory of the
-timed steps (``torch.cuda.max_memory_allocated``), the GPU memory held between steps, and its
-losses. Results go to ``--out`` (default on a GPU ``results/fsdp_offload_bench.json``; the CPU
-run writes only where ``--out`` says) with their provenance; ``book/fsdp_prefetch_offload.md``
-reads the GPU result.
-"""
+One process joins a process group of one (NCCL on a GPU, gloo on the CPU; an in-memory store, no
+port: ``distlab.runtime.init_distributed``), without torchrun, and trains the preset's GPT under
+``fully_shard`` (``distlab.parallel.apply_fsdp``: each block, then the root) for each dtype
+(``bf16``: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``; ``fp32``), without
+offloading and with ``CPUOffloadPolicy(pin_memory=True)``, one variant at a time (pinning needs an
+accelerator: the CPU smoke run uses ``pin_memory=False``). With one rank nothing is sharded, so
+without offload the GPU holds the whole model state, and with it the GPU holds only the gathered
+units and activations: the H2D copies of the shards before every all-gather, the D2H copies of the
+gradients and AdamW on the CPU are what a step pays for that. Each variant reports the median step
+time (after ``--warmup`` steps), the peak GPU memory of the timed steps
+(``torch.cuda.max_memory_allocated``), the GPU memory held between steps, and its losses. Results
+go to ``--out`` (default on a GPU ``results/fsdp_offload_bench.json``; the CPU run writes only
+where ``--out`` says) with their provenance; ``book/fsdp_prefetch_offload.md`` reads the GPU
+result."""
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
 import time
 
@@ -31,29 +30,22 @@ import torch.distributed as dist
 from distlab.bench.provenance import finished, provenance, write_result
 from distlab.data import token_data
 from distlab.infra.paths import REPO_ROOT
-from distlab.infra.ports import free_port
-from distlab.model import GPT, preset
-from distlab.runtime import pick_device, synchronize
+from distlab.model import GPT, parameter_formula, preset
+from distlab.parallel import apply_fsdp
+from distlab.runtime import init_distributed, pick_device, synchronize
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": None}
 
 
 def build(preset_name: str, dtype: str, offload: bool, device: torch.device):
     """The GPT sharded block by block, then the root, on a mesh of this one rank; its AdamW."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy
 
-    mesh = init_device_mesh(device.type, (1,))
-    kwargs = {"mesh": mesh}
-    if DTYPES[dtype] is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32)
-    if offload:  # pinned host memory needs an accelerator to pin for
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+    # pinned host memory needs an accelerator to pin for
+    policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else None
     # built on the CPU: with offload the shards stay there; without, fully_shard moves them to the mesh's device
     model = GPT(preset(preset_name, vocab_size=token_data().vocab_size))
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, reshard_after_forward=False, **kwargs)
+    model = apply_fsdp(model, param_dtype=DTYPES[dtype], device=device, offload_policy=policy)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
@@ -124,14 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     gpu = device.type == "cuda"
     out = args.out or (REPO_ROOT / "results" / "fsdp_offload_bench.json" if gpu else None)
     prov = provenance("distlab.bench.fsdp_offload", argv, args.device)
-    dist.init_process_group(  # a group of one, no torchrun: FSDP2 needs a process group and a mesh
-        "nccl" if gpu else "gloo",
-        init_method=f"tcp://127.0.0.1:{free_port()}",
-        rank=0,
-        world_size=1,
-        timeout=datetime.timedelta(seconds=300),
-        device_id=device if gpu else None,
-    )
+    init_distributed(device, timeout_s=300)  # a group of one, no torchrun: FSDP2 needs a group and a mesh
     try:
         settings = {
             "preset": args.preset or ("gpt2" if gpu else "tiny"),
@@ -140,8 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
             "steps": args.steps or (10 if gpu else 2),
             "warmup": args.warmup if gpu else min(args.warmup, 1),
         }
-        model = GPT(preset(settings["preset"], vocab_size=token_data().vocab_size))
-        settings["parameters"] = sum(p.numel() for p in model.parameters())
+        settings["parameters"] = parameter_formula(preset(settings["preset"], vocab_size=token_data().vocab_size))
         rows = run(
             settings["preset"],
             settings["dtypes"],

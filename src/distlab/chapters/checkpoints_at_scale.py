@@ -21,12 +21,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from distlab.checkpoint.plain import to_plain
 from distlab.checkpoint.state import MODEL_PREFIX, STATE_FILE
-from distlab.model import GPT, preset
+from distlab.infra.experiment import gpt
+from distlab.parallel import apply_fsdp
 from distlab.runtime import rank_world
 from distlab.tools.stragglers import StragglerDetector
 
@@ -51,12 +51,7 @@ def young_interval(save_s: float, mtbf_s: float) -> tuple[float, float]:
 
 def sharded_gpt(name: str = "shakespeare") -> torch.nn.Module:
     """The preset's GPT, each block and the root sharded with FSDP2 (same seed on every rank)."""
-    torch.manual_seed(0)
-    model = GPT(preset(name, vocab_size=65))
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
-    return model
+    return apply_fsdp(gpt(name, seed=0))
 
 
 # --- begin async ---

@@ -125,14 +125,7 @@ def prefetch_timelines(settings: dict = SETTINGS) -> dict[str, dict]:
 # --- begin offload ---
 def shard_tiny(offload_policy=None):
     """The tiny GPT sharded block by block, then the root, with or without an offload policy."""
-    from torch.distributed.fsdp import fully_shard
-
-    model = GPT(tiny_blocks(2))
-    kwargs = {} if offload_policy is None else {"offload_policy": offload_policy}
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, reshard_after_forward=False, **kwargs)
-    return model
+    return apply_fsdp(GPT(tiny_blocks(2)), offload_policy=offload_policy)
 
 
 # --- end offload ---
