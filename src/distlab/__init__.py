@@ -25,7 +25,8 @@ Around it, one subpackage per role:
     tools/      what a reader keeps using after the book: the debugging tools, the run-log
                 CLI (``python -m distlab.tools.runs``), the memory calculator, the DDP step
                 model and all-reduce cost models, counters of collectives' bytes, a straggler
-                detector
+                detector, and the planner (``python -m distlab.tools.plan``: memory and step
+                time of a run from model shapes, GPUs and networks, and published runs)
     bench/      the benchmarks (``python -m distlab.bench``, ``python -m distlab.bench.ddp``, ...)
                 and the recorded results' provenance
     infra/      plumbing for pages and tests: launching ranks from a notebook, repository paths,

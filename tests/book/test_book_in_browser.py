@@ -239,6 +239,26 @@ def test_memory_calculator_answers_as_the_python_functions_do(tab):
     expect(calc.locator(".out")).to_contain_text("ranks N must be a whole number")
 
 
+def test_planner_form_answers_as_the_python_planner_does(tab):
+    """The capstone's planner form runs without a kernel and answers as `planner.predict` does."""
+    from distlab.tools.planner import Plan, gpu_cluster, predict
+    from distlab.tools.shapes import shape
+
+    tab.goto(f"{tab.base}planner.html")
+    form = tab.locator("#distlab-planner")
+    speed = form.locator(".time tr", has_text="tokens/s per GPU")
+    first = speed.inner_text()
+    form.locator("select[name=model]").select_option("llama3-70b")
+    form.locator("select[name=ac]").select_option("full")
+    form.locator("input[name=gpus]").fill("128")
+    p = predict(shape("llama3-70b"), gpu_cluster("a100-80gb", 128, 8, "ib-200g"), Plan("fsdp2", 1, 8192, ac="full"))
+    expect(speed).to_contain_text(f"{round(p['tokens_per_s_per_gpu']):,}")
+    expect(form.locator(".verdict")).to_contain_text(f"{p['memory']['total'] / 1e9:.1f} GB")
+    assert speed.inner_text() != first
+    form.locator("input[name=gpus]").fill("12")
+    expect(form.locator(".out")).to_contain_text("12 GPUs is not a whole number of nodes of 8")
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_page_ends_with_exercises_whose_answers_open_on_demand(crawl, page):
     facts = crawl[page]["facts"]
@@ -258,6 +278,7 @@ CODE_EXERCISES = {
     "fsdp_prefetch_offload": 1,
     "fsdp_big_models": 1,
     "activation_checkpointing": 1,
+    "planner": 1,
     "ac_policies": 1,
     "fsdp_compile": 1,
     "accelerate": 1,

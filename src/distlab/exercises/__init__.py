@@ -22,6 +22,7 @@ starting with ``passed:`` that says what was compared, or raises an ``AssertionE
     Accelerate's FSDP2 config    3         check_optimizer_problems(find_problems)
     Resume and fault tolerance   4         check_kill_during_shard_writes(stall)
     Debugging                    3         check_lockstep_broadcast(program)
+    Plan a run (capstone)        1         check_70b_plan(make_plan)
     Lab 2                        3         check_loads_ddp_state(load)
     Lab 3                        4         check_accumulates_by_tokens(accumulate)
 """
@@ -42,8 +43,10 @@ from distlab.exercises.fsdp_prefetch_offload import check_set_prefetch_all
 from distlab.exercises.fsdp_scratch import check_bf16_unit, check_sgd_exposes_missing_division
 from distlab.exercises.lab2_ddp import check_loads_ddp_state
 from distlab.exercises.lab3_grad_accum import check_accumulates_by_tokens
+from distlab.exercises.planner import check_70b_plan
 
 __all__ = [
+    "check_70b_plan",
     "check_all_reduce",
     "check_exact_evaluation",
     "check_fp16_hook",

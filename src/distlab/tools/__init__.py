@@ -8,5 +8,9 @@ operator really ran in), ``sharding`` (an ``IterableDataset`` split by rank x Da
 every c10d collective, from Python or C++), ``lr_scaling`` (learning-rate rules),
 ``stragglers`` (the slow rank, from per-rank step times gathered every k steps), ``fsdp_timeline``
 (FSDP2's gathered bytes after every operator, and who issued each all-gather), ``offload`` (an
-activation offload hook, and a meter of what any offload hook moves).
+activation offload hook, and a meter of what any offload hook moves); and the planner: ``shapes``
+(model sizes), ``hardware`` (GPUs and networks, with sources), ``planner`` and ``planner_comm``
+(memory and step time of a plan), ``recommend``, ``plan`` (its CLI, ``python -m
+distlab.tools.plan``), ``planner_page`` (its form), ``planner_check`` (against this machine's
+runs) and ``published_runs`` (what it is checked against).
 May import the training library and ``infra``."""
