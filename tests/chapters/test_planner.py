@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from distlab.chapters.planner import TARGET, published_rows, setup
+from distlab.chapters.planner import TARGET, cpu_rows, implied_matmul_efficiency, memory_rows, published_rows, setup
 from distlab.exercises.planner import check_70b_plan
 from distlab.flops import flops_per_token
 from distlab.infra.paths import REPO_ROOT
@@ -108,6 +108,22 @@ def test_published_runs_are_predicted_within_target_or_the_miss_is_documented():
         assert r["within"] == (name not in DOCUMENTED_MISSES), (name, r["error"])
     page = (REPO_ROOT / "book" / "planner.md").read_text()
     assert "The miss is llm.c's GPT-2" in page and rows["llmc-gpt2-1558m-8xh100"]["error"] > TARGET  # too fast
+
+
+def test_the_h100_miss_is_the_gemm_efficiency_and_the_memory_miss_the_loss():
+    run = RUNS_BY_NAME["llmc-gpt2-1558m-8xh100"]
+    implied = implied_matmul_efficiency(run)
+    assert 0.4 < implied < setup(run)[1].device.matmul_efficiency  # slower GEMMs than MAMF's best shape
+    parts = {r["part"]: r for r in memory_rows()}
+    for part in ("parameters", "gradients", "AdamW moments and master weights"):
+        assert abs(parts[part]["error"]) < 0.002, part  # llm.c's allocations, to the MiB
+    assert parts["activations"]["error"] > 0.10  # PyTorch's fp32 loss tensors, which llm.c does not keep
+
+
+def test_the_cpu_check_covers_labs_1_to_5_at_1_2_4_ranks():
+    rows = cpu_rows()
+    assert len(rows) == 13 and {r["ranks"] for r in rows} == {1, 2, 4}
+    assert all(abs(r["state_error"]) < 2e-4 for r in rows)
 
 
 def test_torchtitan_runs_use_their_stated_configuration():

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from distlab.tools.planner import Plan, gpu_cluster, memory, predict
+from distlab.tools.memory_calculator import per_rank_bytes
+from distlab.tools.planner import OPTIMIZER, ZERO_STAGE, Plan, gpu_cluster, memory, predict
 from distlab.tools.planner_check import INPUTS, RECORDED, check_recorded
 from distlab.tools.published_runs import PUBLISHED_RUNS
 from distlab.tools.shapes import SHAPES, ModelShape
@@ -138,15 +139,17 @@ def memory_rows() -> list[dict]:
         if not printed:
             continue
         shape, cluster, plan = setup(run)
-        m = memory(shape, cluster, plan)
+        # llm.c's buffers are the model state and the activations: the state as the ZeRO paper counts it
+        # (no DDP buckets: llm.c accumulates into its one gradient buffer), the activations at their peak
+        state = per_rank_bytes(shape.n_params(), cluster.gpus, plan.state, OPTIMIZER, ZERO_STAGE[plan.strategy])
         pairs = {
-            "parameters": (printed["params"], m["params"]),
-            "gradients": (printed["grads"], m["grads"]),
+            "parameters": (printed["params"], state["params"]),
+            "gradients": (printed["grads"], state["grads"]),
             "AdamW moments and master weights": (
                 printed["adam_m"] + printed["adam_v"] + printed["master"],
-                m["optimizer"],
+                state["optimizer"],
             ),
-            "activations": (printed["activations"], m["activations"]),
+            "activations": (printed["activations"], memory(shape, cluster, plan)["activations"]),
         }
         pairs["total"] = (sum(p for p, _ in pairs.values()), sum(q for _, q in pairs.values()))
         for part, (mib, predicted) in pairs.items():
@@ -171,3 +174,17 @@ def cpu_rows() -> list[dict]:
                      "peak_predicted": p["predicted"], "peak_error": p["error_pct"] / 100,
                      "state_error": r["state_bytes"]["error_pct"] / 100})  # fmt: skip
     return rows
+
+
+def implied_matmul_efficiency(run: dict) -> float:
+    """The GEMM efficiency that would make the planner's tokens/s equal the published figure, every
+    other input as it is (bisected: tokens/s grows with the efficiency)."""
+    shape, cluster, plan = setup(run)
+    published = run["published"]["tokens_per_s_per_gpu"]
+    lo, hi = 0.01, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        device = dataclasses.replace(cluster.device, matmul_efficiency=mid)
+        tokens_per_s = predict(shape, dataclasses.replace(cluster, device=device), plan)["tokens_per_s_per_gpu"]
+        lo, hi = (mid, hi) if tokens_per_s < published else (lo, mid)
+    return lo

@@ -38,6 +38,8 @@ from distlab.tools.planner import (
 from distlab.tools.planner_comm import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES
 from distlab.tools.shapes import SHAPES, ModelShape
 
+# a control never wider than half its line: long option labels must not push the form past its box
+CONTROL = "width:11em;max-width:50%"
 STATE_LABELS = {"fp32": "fp32 (PyTorch's DDP and FSDP2)", "bf16_mixed": "bf16 + fp32 master (the ZeRO paper's)"}
 # the form's starting plan: Llama 3 8B on 8 nodes of 8 A100s, sharded, one 8192-token sequence per GPU
 DEFAULTS = {
@@ -131,11 +133,11 @@ def planner_data() -> dict:
 def _select(name: str, options: dict[str, str]) -> str:
     chosen = lambda k: " selected" if k == DEFAULTS[name] else ""  # noqa: E731
     items = "".join(f'<option value="{k}"{chosen(k)}>{label}</option>' for k, label in options.items())
-    return f'<select name="{name}">{items}</select>'
+    return f'<select name="{name}" style="{CONTROL}">{items}</select>'
 
 
 def _number(name: str) -> str:
-    return f'<input name="{name}" type="number" value="{DEFAULTS[name]}" min="1" step="1" size="6">'
+    return f'<input name="{name}" type="number" value="{DEFAULTS[name]}" min="1" step="1" style="{CONTROL}">'
 
 
 def planner_html(uid: str = "distlab-planner") -> str:
@@ -146,7 +148,7 @@ def planner_html(uid: str = "distlab-planner") -> str:
     if "</script" in script.lower():  # would end the inline script early
         raise ValueError(f"{CALCULATOR_JS} contains '</script': the form inlines it in a <script> element")
     networks = {"": "none: one node"} | {k: v["label"] for k, v in data["networks"].items()}
-    field = 'style="display:flex;justify-content:space-between;gap:8px"'
+    field = 'style="display:flex;justify-content:space-between;align-items:center;gap:8px;min-width:0"'
     rows = [
         ("model", _select("model", {k: v["label"] for k, v in data["shapes"].items()})),
         ("GPU", _select("gpu", {k: v["label"] for k, v in data["gpus"].items()})),
@@ -165,7 +167,7 @@ def planner_html(uid: str = "distlab-planner") -> str:
     labels = "\n".join(f"<label {field}>{text} {control}</label>" for text, control in rows)
     return f"""<div id="{uid}" style="font-family:sans-serif;font-size:14px;max-width:720px">
 <script type="application/json" id="{uid}-data">{payload}</script>
-<form onsubmit="return false" style="display:grid;grid-template-columns:1fr 1fr;gap:4px 16px">
+<form onsubmit="return false" style="display:grid;grid-template-columns:repeat(auto-fit,minmax(260px,1fr));gap:4px">
 {labels}
 </form>
 <div class="out" style="margin-top:8px"></div>
