@@ -14,6 +14,7 @@ from distlab.tools.memory_calculator import per_rank_bytes
 from distlab.tools.planner import OPTIMIZER, ZERO_STAGE, Plan, gpu_cluster, memory, predict
 from distlab.tools.planner_check import INPUTS, RECORDED, check_recorded
 from distlab.tools.published_runs import PUBLISHED_RUNS
+from distlab.tools.published_runs_h100 import H100_RUNS
 from distlab.tools.shapes import SHAPES, ModelShape
 
 # The assumption for runs that do not state their interconnect (torchtitan's 64 A100s): the 8-GPU
@@ -21,6 +22,10 @@ from distlab.tools.shapes import SHAPES, ModelShape
 # moves if it is wrong (``network_sweep``).
 ASSUMED_NETWORK, ASSUMED_GPUS_PER_NODE = "ib-200g", 8
 TARGET = 0.20  # the issue's target on tokens/s per GPU
+MEMORY_TARGET = 0.10  # and on memory per GPU, where a publication gives it
+# torchtitan's H100 rows that run what the planner models, eager bf16: no torch.compile, no Float8
+EAGER_H100 = [run for run in H100_RUNS if not run["plan"]["compile"] and not run["plan"]["float8"]]
+CHECKED_RUNS = PUBLISHED_RUNS + EAGER_H100
 
 
 def shape_of(run: dict) -> ModelShape:
@@ -52,14 +57,14 @@ def setup(run: dict, network: str | None = None) -> tuple[ModelShape, object, Pl
 def published_rows() -> list[dict]:
     """Prediction against publication for every run, with the error and what was assumed."""
     rows = []
-    for run in PUBLISHED_RUNS:
+    for run in CHECKED_RUNS:
         shape, cluster, plan = setup(run)
         p = predict(shape, cluster, plan)
         published = run["published"]["tokens_per_s_per_gpu"]
         error = p["tokens_per_s_per_gpu"] / published - 1
         t = p["time"]
         rows.append({
-            "run": run["name"], "title": run["title"], "source": run["source"],
+            "run": run["name"], "title": run["title"], "source": run["source"], "gpu": run["gpu"],
             "network": run["network"] or f"{ASSUMED_NETWORK} (assumed)",
             "published": published, "predicted": p["tokens_per_s_per_gpu"], "error": error,
             "within": abs(error) <= TARGET, "published_mfu": run["published"]["mfu"], "mfu": p["mfu"],
@@ -113,11 +118,14 @@ def prediction_figure(published: list[dict], measured: list[dict]):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
-    for rows, key, color, label in (
-        (measured, "measured", "#e39b4c", "this CPU: labs 1-5 on 1, 2, 4 ranks"),
-        (published, "published", "#3b6ea5", "published runs (A100, H100)"),
+    a100 = [r for r in published if r["gpu"].startswith("a100")]
+    h100 = [r for r in published if r["gpu"].startswith("h100")]
+    for rows, key, style, label in (
+        (measured, "measured", {"color": "#e39b4c", "marker": "o"}, "this CPU: labs 1-5 on 1, 2, 4 ranks"),
+        (a100, "published", {"color": "#3b6ea5", "marker": "s"}, "published runs on A100s"),
+        (h100, "published", {"color": "#c0504d", "marker": "^"}, "published runs on H100s"),
     ):
-        ax.scatter([r[key] for r in rows], [r["predicted"] for r in rows], color=color, label=label, zorder=3)
+        ax.scatter([r[key] for r in rows], [r["predicted"] for r in rows], label=label, zorder=3, **style)
     lo, hi = 2e2, 5e5
     ax.plot([lo, hi], [lo, hi], color="#333", lw=1)
     ax.fill_between([lo, hi], [lo * (1 - TARGET), hi * (1 - TARGET)], [lo * (1 + TARGET), hi * (1 + TARGET)],
@@ -188,3 +196,19 @@ def implied_matmul_efficiency(run: dict) -> float:
         tokens_per_s = predict(shape, dataclasses.replace(cluster, device=device), plan)["tokens_per_s_per_gpu"]
         lo, hi = (mid, hi) if tokens_per_s < published else (lo, mid)
     return lo
+
+
+def published_memory_rows() -> list[dict]:
+    """The planner's peak bytes per GPU against the memory a publication prints for the same run
+    (torchtitan's H100 tables: most likely the caching allocator's reserved peak, the largest over
+    the GPUs; the planner counts tensors, nearer the allocated peak, which is at most that)."""
+    rows = []
+    for run in CHECKED_RUNS:
+        published = run["published"].get("memory_bytes_per_gpu")
+        if published:
+            shape, cluster, plan = setup(run)
+            predicted = predict(shape, cluster, plan)["memory"]["total"]
+            kind = run["published"].get("memory_kind", "")
+            rows.append({"run": run["name"], "published": published, "predicted": predicted,
+                         "error": predicted / published - 1, "kind": kind})  # fmt: skip
+    return rows

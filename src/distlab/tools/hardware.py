@@ -39,6 +39,17 @@ H100_SPECS = (
     " : BFLOAT16 Tensor Core 1,979 TFLOPS 'shown with sparsity, specifications 1/2 lower without sparsity'; "
     "80 GB HBM3, 3,350 GB/s; 'NVLink: 900GB/s'. The MAMF table's 'Theory' column says 989"
 )
+GRAND_TETON = (
+    "torchtitan docs/performance.md, https://github.com/pytorch/torchtitan/blob/eaea6f6a2fa940f03a10906be1df3489cf30af85"
+    "/docs/performance.md : 'Each H100 GPU is equipped with 96GB HBM2e with 2.4 TB/sec peak memory bandwidth', "
+    "'fully connected with NVLink', 'We used the default 500W power limit, although tuning it up to 700W TDP can "
+    "potentially provide further speedups'; footnote 2: 'HBM2e-based SXM H100 with lower TDP, the actual peak TFLOPs "
+    "number is between SXM and NVL, and we don't know its exact value'"
+)
+TT_PEAK_FLOPS = (
+    "torchtitan get_peak_flops, https://github.com/pytorch/torchtitan/blob/9fd2b5172bcb9a5c49d18c75c3ab833abe990819"
+    "/torchtitan/utils.py : H100 NVL 835e12, PCIe 756e12, 'for H100 SXM and other variants' 989e12"
+)
 NCCL_TUNING = "https://github.com/NVIDIA/nccl/blob/01afd20a77b5804e0ecf1042509dd9d20ebf9e93/src/graph/tuning.cc"
 
 # The A100 attention figure: FA2's fig. 4(d) (fwd+bwd, causal, head dim 128, A100) gives its values only as bar
@@ -104,6 +115,29 @@ GPUS: dict[str, GPU] = {
             "nvlink_bandwidth": H100_SPECS,
             "matmul_efficiency": MAMF_TABLE + " : H100 SXM MAMF 794.5 TFLOPS of 989 (80.3%)",
             "attention_efficiency": FA3_PAPER,
+        },
+    ),
+    # Meta's Grand Teton H100 (torchtitan's H100 tables): an SXM-style H100 with 96 GB HBM2e, run at 500 W.
+    "h100-96gb-500w": GPU(
+        name="h100-96gb-500w",
+        label="NVIDIA H100 96GB HBM2e, 500 W (Grand Teton)",
+        # No datasheet for this part was read. torchtitan's get_peak_flops returns 989e12 for every H100 that is
+        # not NVL or PCIe, and its doc says the true peak lies 'between SXM and NVL' (835e12): an upper bound.
+        bf16_peak=989e12,
+        memory_bytes=96e9,  # '96GB HBM2e' (GRAND_TETON)
+        hbm_bandwidth=2.4e12,  # '2.4 TB/sec peak memory bandwidth' (GRAND_TETON)
+        nvlink_bandwidth=450e9,  # 'fully connected with NVLink', no bandwidth stated: the H100 SXM's assumed
+        # The H100 SXM's MAMF: the row states no power limit; an H100 SXM's TDP is 700 W (GRAND_TETON: 'tuning it
+        # up to 700W TDP'), this part runs at 500 W, so tokens/s predicted for it are an UPPER bound.
+        matmul_efficiency=794.5 / 989,
+        attention_efficiency=0.35,  # the H100's (FA3_PAPER); none measured at 500 W
+        sources={
+            "bf16_peak": TT_PEAK_FLOPS + " ; " + GRAND_TETON + " footnote 2",
+            "memory_bytes": GRAND_TETON,
+            "hbm_bandwidth": GRAND_TETON,
+            "nvlink_bandwidth": H100_SPECS + " (assumed: the doc states NVLink but not its bandwidth)",
+            "matmul_efficiency": MAMF_TABLE + " : H100 SXM MAMF 794.5 TFLOPS of 989, at the SXM's power, not 500 W",
+            "attention_efficiency": FA3_PAPER + " (H100 SXM, not this part)",
         },
     ),
 }

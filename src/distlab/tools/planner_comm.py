@@ -5,7 +5,9 @@ much of it the compute hides (``distlab.tools.planner`` adds it to the step).
 
 The collectives per strategy are the ones the book counts on real ranks: DDP all-reduces the
 gradients in buckets during backward (book/ddp_internals.md); ZeRO-1 and 2 reduce-scatter them
-and all-gather the updated parameters after the optimizer step (book/zero_memory.md); FSDP2
+and all-gather the updated parameters after the optimizer step (book/zero_memory.md; the ZeRO
+paper's and llm.c's schedule: PyTorch's ZeroRedundancyOptimizer runs on DDP, which all-reduces,
+and broadcasts each rank's updated parameters, more bytes than this); FSDP2
 all-gathers each block before its forward and again before its backward, and reduce-scatters
 its gradients after (book/fsdp_communication.md), the next block's all-gather running while the
 current one computes (book/fsdp_prefetch_offload.md); hybrid sharding adds an all-reduce of the
