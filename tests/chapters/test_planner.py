@@ -31,7 +31,6 @@ from distlab.tools.planner_comm import ring_seconds
 from distlab.tools.published_runs import RUNS_BY_NAME
 from distlab.tools.recommend import explain, recommend
 from distlab.tools.shapes import SHAPES, from_gpt_config
-from distlab.tools.step_model import Link as StepLink
 from distlab.tools.step_model import ring_all_reduce_s
 
 # runs the planner misses by more than TARGET, each explained on book/planner.md
@@ -79,11 +78,10 @@ def test_memory_terms_reproduce_the_zero_papers_table_1():
 
 
 def test_the_ring_is_the_collectives_chapters():
-    link, step = gpu_cluster("h100-sxm", 8).intra, None
-    step = StepLink("x", link.alpha, link.bandwidth, "test")
+    link = gpu_cluster("h100-sxm", 8).intra
     for n in (2, 8, 64):
-        assert ring_seconds("all_reduce", 1e9, n, link) == pytest.approx(ring_all_reduce_s(1e9, n, step))
-        assert ring_seconds("all_gather", 1e9, n, link) == pytest.approx(ring_all_reduce_s(1e9, n, step) / 2)
+        assert ring_seconds("all_reduce", 1e9, n, link) == pytest.approx(ring_all_reduce_s(1e9, n, link))
+        assert ring_seconds("all_gather", 1e9, n, link) == pytest.approx(ring_all_reduce_s(1e9, n, link) / 2)
 
 
 def test_one_gpu_communicates_nothing_and_a_cpu_hides_nothing():

@@ -85,7 +85,7 @@ def network_sweep(gbits=(50, 100, 200, 400, 800)) -> dict[str, list[float]]:
         out[run["name"]] = [
             predict(
                 shape,
-                dataclasses.replace(cluster, inter=dataclasses.replace(cluster.inter, bandwidth=g * 1e9 / 8)),
+                dataclasses.replace(cluster, inter=dataclasses.replace(cluster.inter, busbw=g * 1e9 / 8)),
                 plan,
             )["tokens_per_s_per_gpu"]  # fmt: skip
             for g in gbits

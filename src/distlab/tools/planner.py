@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 from distlab.tools.hardware import GPUS, NETWORKS, NVLINK_LAT
 from distlab.tools.memory_calculator import bytes_per_param, per_rank_bytes
-from distlab.tools.planner_comm import PRECISIONS, Link, communication
+from distlab.tools.planner_comm import PRECISIONS, communication
 from distlab.tools.shapes import ModelShape
+from distlab.tools.step_model import Link
 
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp2", "hsdp")
 AC_MODES = ("none", "full", "selective-op", "selective-layer")

@@ -26,8 +26,9 @@ import os
 from distlab.infra.paths import RESULTS_DIR
 from distlab.model import preset
 from distlab.tools.planner import Cluster, Device, Plan, predict
-from distlab.tools.planner_comm import Link, ring_seconds
+from distlab.tools.planner_comm import ring_seconds
 from distlab.tools.shapes import SHAPES, ModelShape
+from distlab.tools.step_model import Link
 
 INPUTS = RESULTS_DIR / "planner_cpu_inputs.json"
 RECORDED = RESULTS_DIR / "bench" / "cpu_shakespeare_fp32.json"

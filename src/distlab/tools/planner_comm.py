@@ -17,31 +17,23 @@ communication adds to the step (this machine's CPU cores both compute and move g
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from distlab.tools.allreduce_costs import ring_s
 from distlab.tools.shapes import ModelShape
+from distlab.tools.step_model import Link  # a rank's link: alpha per ring step, busbw each way
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default (book/ddp_internals.md)
 DDP_FIRST_BUCKET_BYTES = 2**20  # dist._DEFAULT_FIRST_BUCKET_BYTES: DDP's first bucket
 PRECISIONS = {"fp32": 4, "bf16": 2}  # bytes of a value the forward computes in (the state: Plan.state)
 
 
-@dataclass(frozen=True)
-class Link:
-    name: str
-    alpha: float  # seconds per ring step
-    bandwidth: float  # bytes/s a rank sends (and receives) at once
-    source: str
-
-
 # --- begin ring ---
 def ring_seconds(kind: str, nbytes: float, group: int, link: Link) -> float:
-    """The alpha-beta ring of book/collectives.md: all-gather and reduce-scatter take N-1 steps of
-    n/N bytes; all-reduce is the two back to back."""
+    """The alpha-beta ring of book/collectives.md (``allreduce_costs.ring_s``): an all-reduce is a
+    reduce-scatter and an all-gather back to back, each half of it."""
     if group < 2:
         return 0.0
-    one = (group - 1) * link.alpha + (group - 1) / group * nbytes / link.bandwidth
-    return {"all_gather": one, "reduce_scatter": one, "all_reduce": 2 * one}[kind]
+    all_reduce = ring_s(nbytes, group, link.alpha, link.busbw)
+    return {"all_gather": all_reduce / 2, "reduce_scatter": all_reduce / 2, "all_reduce": all_reduce}[kind]
 
 
 # --- end ring ---

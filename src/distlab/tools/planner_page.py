@@ -88,7 +88,7 @@ def shape_data(s: ModelShape) -> dict:
 
 
 def link_data(link) -> dict:
-    return {"label": link.name, "alpha": link.alpha, "bandwidth": link.bandwidth}
+    return {"label": link.name, "alpha": link.alpha, "bandwidth": link.busbw}
 
 
 def planner_data() -> dict:
