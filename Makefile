@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book book-fresh test test-gpu lint browser vendor lock clean
+.PHONY: book book-fresh test test-under-load test-gpu lint browser vendor lock clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,14 +18,19 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/pip install --no-deps -e .
 	touch $(STAMP)
 
-# Strict, with Jupyter Book's execution cache (_config.yml): a rebuild re-executes only the pages
-# whose code cells changed. A change under src/ is not seen by the cache: `make book-fresh`
-# executes every page from scratch, as `make test` and CI always do.
+# Strict, with Jupyter Book's execution cache (_config.yml): first the pages whose code cells
+# changed are executed, several at once (distlab.infra.book_build: Jupyter Book alone runs them
+# one after another), into that cache; the build then reads every page from it; last, each
+# page's execution time, slowest first. A change under src/ is not seen by the cache:
+# `make book-fresh` executes every page from scratch, as `make test` and CI always do.
 # Pinned to the CPU, on a machine with GPUs too, so the book shows the same results everywhere:
 # DISTLAB_DEVICE=cpu makes every `--device auto` the CPU, and the empty CUDA_VISIBLE_DEVICES
 # hides the GPUs from every process (`make test` does the same in tests/conftest.py).
+ON_CPU := DISTLAB_DEVICE=cpu CUDA_VISIBLE_DEVICES=
 book: $(STAMP)
-	DISTLAB_DEVICE=cpu CUDA_VISIBLE_DEVICES= $(BIN)/jupyter-book build book -W -n --keep-going
+	$(ON_CPU) $(BIN)/python -m distlab.infra.book_build execute
+	$(ON_CPU) $(BIN)/jupyter-book build book -W -n --keep-going
+	@$(BIN)/python -m distlab.infra.book_build times
 	@echo "The book is in _build/html/index.html"
 
 book-fresh:
@@ -38,14 +43,25 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 
-# two workers: the book build (one long test, started first) runs beside the rest; whole
-# files go to a worker (loadfile), and tests/conftest.py schedules the two files that read the
-# build (the notebook and browser tests) as one, so one worker builds once and the other is
-# never blocked. (Not loadgroup: with pytest 9.2 it silently stops grouping, pytest-xdist#1386.)
+# two workers: the book build (one long test, started first; it executes two pages at a time)
+# runs beside the rest; whole files go to a worker (loadfile), and tests/conftest.py schedules
+# the two files that read the build (the notebook and browser tests) as one, so one worker
+# builds once and the other is never blocked. (Not loadgroup: with pytest 9.2 it silently stops
+# grouping, pytest-xdist#1386.) The summary ends with each page's execution time.
 # The tests run pinned to the CPU (tests/conftest.py) and leave out the GPU tests (`-m 'not gpu'`
 # in pyproject.toml); `pytest -m gpu` runs those on a machine with CUDA GPUs.
 test: $(STAMP) browser
 	DISTLAB_CHROMIUM="$(CHROMIUM)" $(BIN)/python -m pytest -v --durations=15 -n 2 --dist loadfile
+
+# The suite as a loaded CI machine runs it: a busy loop holds one core the whole time, and
+# the suite must pass TIMES times in a row (CONTRIBUTING.md: run it so before resolving).
+TIMES ?= 3
+test-under-load: $(STAMP) browser
+	@$(BIN)/python -c "while True: pass" & busy=$$!; trap "kill $$busy" EXIT; \
+	for i in $$(seq $(TIMES)); do \
+	  echo "== make test under load: run $$i of $(TIMES) (a busy loop, pid $$busy, holds a core)"; \
+	  $(MAKE) --no-print-directory test || exit 1; \
+	done
 
 # The opt-in GPU suite (tests/gpu/): labs 1-6 on CUDA/NCCL against lab 1, a GPU checkpoint resumed
 # elsewhere, lab 6's FSDP2 policy, the ring on NCCL. `make test` deselects it (pyproject addopts);

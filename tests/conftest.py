@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from filelock import FileLock
 
+from distlab.infra.book_build import execute_pages, times_report
 from distlab.infra.paths import REPO_ROOT
 
 
@@ -70,23 +70,21 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: order.get(item.path.name, 2))  # stable: keeps the rest in order
 
 
-def forced_execution_config(folder: Path) -> Path:
-    """The book's _config.yml with `execute_notebooks: force`: `make book` keeps Jupyter Book's
-    execution cache for fast rebuilds, but the tests (and so CI) execute every page from scratch,
-    so no cached output can hide a page that no longer runs. Everything else is the same file."""
-    config = yaml.safe_load((REPO_ROOT / "_config.yml").read_text())
-    config["execute"]["execute_notebooks"] = "force"
-    path = folder / "_config.force.yml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+# Pages executed at a time before the build reads them (distlab.infra.book_build): the other
+# xdist worker runs the rest of the suite meanwhile, so two pages at once keep both cores busy.
+BOOK_JOBS = 2
 
 
 @pytest.fixture(scope="session")
 def built_book(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    """The README's book command, strict (`jupyter-book build book -W -n --keep-going`), with
-    every page executed from scratch (`forced_execution_config`), run once per test run; the
-    notebook and browser tests read what it built. Returns the finished process and the build
-    folder (html/, jupyter_execute/).
+    """The README's book command, strict (`jupyter-book build book -W -n --keep-going`), run once
+    per test run into a fresh folder; the notebook and browser tests read what it built. Returns
+    the finished process and the build folder (html/, jupyter_execute/).
+
+    Every page is executed from scratch: first `BOOK_JOBS` at a time into the build's own,
+    new execution cache (`distlab.infra.book_build`, what `make book` does), then the build
+    reads them from there, so nothing cached by an earlier run can pass. A page that failed is
+    executed again by the build, which reports its error as it always does.
 
     Under xdist each worker is its own process with its own session fixtures, so the build is
     shared through a folder both workers see, under a file lock: the first worker to ask
@@ -94,35 +92,43 @@ def built_book(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     reuse = os.environ.get("DISTLAB_REUSE_BUILD")
     if reuse:  # working on the page tests: read a finished build (the strict-build test then fails)
         return subprocess.CompletedProcess(["reused", reuse], 0, "", ""), Path(reuse)
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # basetemp is per worker; its parent is the run's
+    shared = _run_folder(tmp_path_factory)
     out, record = shared / "book", shared / "book.json"
     with FileLock(str(shared / "book.lock"), timeout=2400):
         if not record.exists():
+            cache = out / "_build" / ".jupyter_cache"  # where the build looks (myst-nb's default)
+            log = []
+            runs = execute_pages(cache, jobs=BOOK_JOBS, force=True, log=log.append)
             jupyter_book = Path(sys.executable).parent / "jupyter-book"
             proc = subprocess.run(
-                [
-                    str(jupyter_book),
-                    "build",
-                    "book",
-                    "-W",
-                    "-n",
-                    "--keep-going",
-                    "--path-output",
-                    str(out),
-                    "--config",
-                    str(forced_execution_config(shared)),
-                ],
+                [str(jupyter_book), "build", "book", "-W", "-n", "--keep-going", "--path-output", str(out)],
                 cwd=REPO_ROOT,
                 capture_output=True,
                 text=True,
                 timeout=1800,
             )
-            record.write_text(
-                json.dumps(
-                    {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
-                )
-            )
+            done = {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+            times = {r.page: r.seconds for r in runs}
+            record.write_text(json.dumps({**done, "executed": "\n".join(log), "page_times": times}))
     done = json.loads(record.read_text())
-    return subprocess.CompletedProcess(**done), out / "_build"
+    return subprocess.CompletedProcess(
+        **{k: done[k] for k in ("args", "returncode", "stdout", "stderr")}
+    ), out / "_build"
+
+
+def _run_folder(tmp_path_factory) -> Path:
+    """The folder of this test run that every xdist worker (and the controller) sees."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # a worker's basetemp is its own
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """After the results: how long each page took to execute in this run's book build, slowest
+    first, against the budget of CONTRIBUTING.md (the build is the suite's critical path)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not hasattr(config, "_tmp_path_factory"):
+        return
+    record = _run_folder(config._tmp_path_factory) / "book.json"
+    if record.exists():
+        times = json.loads(record.read_text()).get("page_times", {})
+        terminalreporter.write_sep("=", "the book build")
+        terminalreporter.write_line(times_report(sorted(times.items(), key=lambda t: -t[1])))

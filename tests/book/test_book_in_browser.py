@@ -19,8 +19,8 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect, sync_playwright
 
+from distlab.infra.book_build import toc_pages
 from distlab.infra.paths import REPO_ROOT
-from support.book import toc_pages
 from support.browser import CHROMIUM_ARGS, DESKTOP, PHONE, chromium_path, serve, visit_all
 
 PAGES = [p.relative_to(REPO_ROOT / "book").with_suffix("").as_posix() for p in toc_pages()]

@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from distlab.infra.book_build import toc_pages
 from distlab.infra.paths import REPO_ROOT
-from support.book import toc_pages
 
 NOTEBOOKS = sorted(
     {p.resolve() for p in toc_pages()} | set((REPO_ROOT / "book").glob("*.md")) | set((REPO_ROOT / "labs").glob("*.md"))
@@ -48,6 +48,10 @@ def test_strict_build_passes_and_writes_every_page(built_book):
     for page in toc_pages():
         rel = page.relative_to(REPO_ROOT / "book").with_suffix(".html")
         assert (build / "html" / rel).exists(), rel
+    # every page came from the pages executed two at a time (conftest.built_book): a page the build
+    # executed itself, one after another, would mean the cache keys disagree (a slower build)
+    cached = proc.stdout.count("Using cached notebook")
+    assert cached == len(toc_pages()), f"the build found {cached} of {len(toc_pages())} pages executed"
     lab = (build / "html" / "labs" / "lab1_single.html").read_text()
     assert "<img" in lab and "Traceback" not in lab  # the loss plot, and no error output
 

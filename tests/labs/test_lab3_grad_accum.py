@@ -14,7 +14,7 @@ from distlab.exercises.lab3_grad_accum import losses_with_loss_scaled, no_sync_p
 from distlab.infra.launch import run_ranks
 from distlab.metrics import read_metrics, read_summary
 from support.exercises import passes
-from support.labs import BASELINE, torchrun
+from support.labs import BASELINE, each_rank, torchrun
 
 
 @pytest.mark.parametrize("micro_batch_size", [4, 2])  # 16 rows / (2 ranks x 4) = 2 micro-batches; x 2 = 4
@@ -31,11 +31,11 @@ def test_two_ranks_accumulating_match_lab_1(micro_batch_size, tmp_path):
 
 
 def test_a_batch_that_does_not_split_into_micro_batches_is_refused_on_every_rank(tmp_path):
-    proc = torchrun("lab3_grad_accum.py", 2, "--steps", "2", "--out", tmp_path, "--micro-batch-size", "3", timeout=120)
-    assert proc.returncode != 0
-    # both ranks write to one stderr, so their lines may interleave: count, don't split
-    assert proc.stderr.count("lab3_grad_accum.py: error: ") == 2, proc.stderr[-2000:]
-    assert proc.stderr.count("is not a multiple of 2 ranks x --micro-batch-size 3") == 2, proc.stderr[-2000:]
+    ranks = each_rank("lab3_grad_accum.py", 2, "--steps", "2", "--out", tmp_path, "--micro-batch-size", "3")
+    for rank, proc in enumerate(ranks):  # each rank's own stderr, read after both exited
+        assert proc.returncode == 1, (rank, proc.stderr[-2000:])
+        assert proc.stderr.startswith("lab3_grad_accum.py: error: "), (rank, proc.stderr[-2000:])
+        assert "is not a multiple of 2 ranks x --micro-batch-size 3" in proc.stderr, (rank, proc.stderr[-2000:])
 
 
 # --- padded micro-batches, no_sync's forward, the missing division (the lab 3 page's claims) ---

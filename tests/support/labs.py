@@ -6,9 +6,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from distlab.infra.paths import LABS_DIR
+from distlab.infra.ports import free_port
 
 BASELINES = Path(__file__).parent / "baselines"
 # lab 1's losses on the tiny model (support/make_baseline.py); every distributed lab must match them
@@ -43,3 +45,45 @@ def torchrun(script: str, nprocs: int, *args, timeout: float = 300) -> subproces
         timeout=timeout,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
+
+
+def each_rank(script: str, nprocs: int, *args, timeout: float = 120) -> list[subprocess.CompletedProcess]:
+    """The ranks `torchrun --standalone` would start, as plain processes with torchrun's
+    environment (RANK, LOCAL_RANK, WORLD_SIZE, a free MASTER_PORT on 127.0.0.1), each with its
+    own stdout and stderr, read after every rank has exited; by rank.
+
+    For a test that expects every rank to report something: under torchrun, the first rank to
+    fail makes the agent SIGTERM the others, which may not have printed yet (a race that once
+    failed CI). Here no rank is stopped by another's exit; a rank still running at ``timeout``
+    is killed, and the test sees its (empty) output."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(LABS_DIR / script), *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "OMP_NUM_THREADS": "1",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(nprocs),
+                "LOCAL_WORLD_SIZE": str(nprocs),
+            },
+        )
+        for rank in range(nprocs)
+    ]
+    deadline = time.monotonic() + timeout
+    done = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            out, err = proc.communicate()
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done

@@ -10,8 +10,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from IPython.core.inputtransformer2 import TransformerManager
 
+from distlab.infra.book_build import page_name, read_page, toc_pages
 from distlab.infra.paths import LABS_DIR, REPO_ROOT
+from support.timing_asserts import timing_assertions, timing_assertions_in
 
 SRC = REPO_ROOT / "src" / "distlab"
 MAX_LINES = 300
@@ -158,3 +161,42 @@ def test_nothing_in_the_repository_points_outside_it():
         if outside.search(line)
     ]
     assert not hits, f"paths outside the repository: {hits}"
+
+
+def test_no_test_and_no_page_asserts_a_timing():
+    """A duration depends on the machine and its load: tests and pages assert the deterministic
+    part (errors, bytes, counts, formulas), and timings are recorded benchmarks
+    (support/timing_asserts.py says what is flagged, and the opt-out ``# timing-ok: <reason>``)."""
+    hits = timing_assertions_in(REPO_ROOT / "tests")
+    for page in toc_pages():
+        for i, cell in enumerate(c for c in read_page(page).cells if c.cell_type == "code"):
+            hits += timing_assertions(TransformerManager().transform_cell(cell.source), f"{page_name(page)}, cell {i}")
+    assert not hits, "assertions on durations (make them deterministic, or record a benchmark):\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "assert 1.9 < tour[0]['rank0_only']['waited_s'] < 10",
+        "assert all(r['measured_s'] > 1.2 * r['predicted_s'] for r in rows)",
+        "assert time.monotonic() - start < 40",
+        "assert 0 < summary['mfu'] <= 1",
+        "assert node.seconds < 20",
+    ],
+)
+def test_the_timing_rule_flags_assertions_on_durations(code):
+    assert timing_assertions(code)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "assert run['tokens_per_s'] > 0 and len(run['step_s']) == 3",  # a duration is never negative
+        "assert costs.tree_s(1e3, 64, a, bw) < costs.ring_s(1e3, 64, a, bw)",  # a formula on fixed inputs
+        "assert full['time']['compute'] > sharded['time']['compute']",  # a compute figure of a model
+        "assert time.monotonic() - start < 40  # timing-ok: the launcher's own timeout is 60 s",
+        "assert {'loss', 'step_s'} <= metrics[0].keys()",
+    ],
+)
+def test_the_timing_rule_leaves_deterministic_assertions_and_opt_outs(code):
+    assert not timing_assertions(code)
