@@ -74,11 +74,15 @@ class PageRun:
     error: str | None = None
 
 
-def _execute(path: str, timeout: int) -> tuple[object, float, str | None]:
+def _execute(path: str, timeout: int, log: str) -> tuple[object, float, str | None]:
     """In a worker process: execute one page in its own kernel, in the page's folder (the
-    build's ``run_in_temp: false``). Returns the executed notebook, the seconds, the error."""
+    build's ``run_in_temp: false``). The kernel's own stderr (its start-up notices, a crash)
+    goes to ``log``. Returns the executed notebook, the seconds, the error."""
     from jupyter_cache.executors.utils import single_nb_execution
 
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as stderr:
+        os.dup2(stderr.fileno(), 2)  # inherited by the kernel this worker starts
     notebook = read_page(Path(path))
     result = single_nb_execution(notebook, cwd=str(Path(path).parent), timeout=timeout, allow_errors=False)
     return result.nb, result.time, result.exc_string
@@ -119,7 +123,11 @@ def execute_pages(cache_dir: Path, pages: list[Path] | None = None, jobs: int | 
     try:
         # spawned workers: nothing of this process's state (threads, open files) is forked into them
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            pending = {pool.submit(_execute, str(page), timeout): page for page in todo}
+            logs = Path(cache_dir).parent / "page_logs"  # each kernel's stderr: <page>.stderr
+            pending = {
+                pool.submit(_execute, str(page), timeout, str(logs / f"{page_name(page)}.stderr")): page
+                for page in todo
+            }
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
