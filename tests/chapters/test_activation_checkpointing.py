@@ -1,24 +1,23 @@
-"""Activation checkpointing: same gradients, fewer saved bytes, policies that really save
-(lab 5 itself: tests/labs/test_lab5_activation_ckpt.py)."""
+"""Activation checkpointing: same gradients in every mode, fewer saved bytes on the shakespeare
+model, policies refused when built wrong, the recorded benchmark and its plumbing, the exercise's
+checker. The page (book/activation_checkpointing.md) asserts on every build what it runs: the
+hand-written wrapper's gradients, the tiny model's saved bytes in every mode, what the default
+policy and the wrong ones save, and FSDP2 in both orders (lab 5 itself:
+tests/labs/test_lab5_activation_ckpt.py)."""
 
 import json
 import shlex
 
 import pytest
 import torch
-from torch.utils.checkpoint import CheckpointPolicy
 
 from distlab.bench.ac import POLICIES
 from distlab.chapters.activation_checkpointing import (
     activation_memory,
     build,
-    check_policy_saves,
-    checkpoint_blocks,
-    fsdp2_orders,
     gradients,
 )
 from distlab.exercises import check_attention_only_policy
-from distlab.infra.launch import run_ranks
 from distlab.infra.paths import REPO_ROOT
 from distlab.model import GPT, preset
 from distlab.parallel import SAVE_MATMULS_AND_ATTENTION, apply_activation_checkpointing, save_ops_policy
@@ -26,7 +25,16 @@ from distlab.tools.memory_calculator import activation_bytes
 from support.exercises import passes
 
 aten = torch.ops.aten
-SDPA_CPU = str(aten._scaled_dot_product_flash_attention_for_cpu.default)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # these models' kernels lose time to thread contention on a busy 2-core machine (two test
+    # workers, or a page beside the tests): one thread each is faster there
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _batch(cfg, batch, seed=0):
@@ -43,14 +51,7 @@ def test_gradients_equal_those_without_checkpointing(preset_name, batch, mode, e
         torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
 
 
-def test_hand_written_wrapper_gives_the_same_gradients():
-    idx, targets = _batch(preset("tiny"), 8)
-    reference = gradients(build("tiny"), idx, targets)
-    for got, want in zip(gradients(checkpoint_blocks(build("tiny")), idx, targets), reference):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
-
-
-@pytest.mark.parametrize("preset_name,batch", [("tiny", 8), ("shakespeare", 2)])
+@pytest.mark.parametrize("preset_name,batch", [("shakespeare", 1)])  # the page: tiny, 8
 def test_saved_bytes_match_the_formula_and_the_tracker(preset_name, batch):
     cfg = preset(preset_name)
     idx, targets = _batch(cfg, batch)
@@ -67,31 +68,9 @@ def test_saved_bytes_match_the_formula_and_the_tracker(preset_name, batch):
     assert full["peak"] < selective["peak"] < none["peak"]
 
 
-def test_selective_policy_saves_every_matmul_and_attention_output():
-    cfg = preset("tiny")
-    saved = check_policy_saves(save_ops_policy())
-    # per block: the qkv, attention projection, MLP up and MLP down Linears (biased: addmm), and attention
-    assert saved == {str(aten.addmm.default): 4 * cfg.n_layer, SDPA_CPU: cfg.n_layer}
-
-
-def test_policies_that_name_ops_the_wrong_way_are_caught():
-    with pytest.raises(TypeError, match="overload"):  # packets are refused when the policy is built
+def test_policies_that_name_packets_are_refused_when_built():
+    with pytest.raises(TypeError, match="overload"):
         save_ops_policy([aten.mm, aten.addmm])
-
-    def by_packet(ctx, op, *args, **kwargs):  # hand-written: the op is never equal to a packet
-        return CheckpointPolicy.MUST_SAVE if op in (aten.mm, aten.addmm) else CheckpointPolicy.PREFER_RECOMPUTE
-
-    def composite(ctx, op, *args, **kwargs):  # aten.linear is decomposed before the policy sees it
-        return CheckpointPolicy.MUST_SAVE if op == aten.linear.default else CheckpointPolicy.PREFER_RECOMPUTE
-
-    for policy in (by_packet, composite):
-        with pytest.raises(ValueError, match="saved no operator"):
-            check_policy_saves(policy)
-    # a list written for Linears without bias (mm): on this model only attention is saved
-    saved = check_policy_saves(
-        save_ops_policy([aten.mm.default, aten._scaled_dot_product_flash_attention_for_cpu.default])
-    )
-    assert str(aten.addmm.default) not in saved
 
 
 def test_bad_arguments_and_plain_state_dict_keys():
@@ -104,18 +83,6 @@ def test_bad_arguments_and_plain_state_dict_keys():
     assert list(wrapped.state_dict()) == list(plain)  # the wrapper's name part is stripped
     wrapped.load_state_dict(plain)
     assert all(str(op).endswith(".default") for op in SAVE_MATMULS_AND_ATTENTION)
-
-
-def test_with_fsdp2_in_both_orders_gradients_equal_one_process():
-    rows = run_ranks(fsdp2_orders, nprocs=2, timeout=240)[0]
-    for row in rows:
-        assert row["grad_max_abs_diff"] < 1e-6, row
-        assert row["all_gathers"] == rows[0]["all_gathers"]  # no order gathers more
-    # checkpoint, then shard: FSDP2's hooks run once per block; the other order with the reentrant
-    # checkpoint runs them again in the recomputation
-    first = {(r["order"], r["checkpoint"]): r["pre_forward_per_block"] for r in rows}
-    assert first[("checkpoint, then shard", "reentrant")] == 1
-    assert first[("shard, then checkpoint", "reentrant")] == 2
 
 
 def test_recorded_benchmark_is_complete_and_rerunnable():

@@ -1,5 +1,7 @@
-"""The memory calculator and the ZeRO memory chapter's experiments: the ZeRO paper's numbers, the
-static page's arithmetic, and bytes measured on real DDP and FSDP2 ranks (``measure_one_step``)."""
+"""The memory calculator and the ZeRO memory chapter: the ZeRO paper's numbers, the static page's
+arithmetic, bad inputs. The bytes measured on real DDP and FSDP2 ranks (``measure_one_step``,
+``fsdp2_gathered``), the saved activations and the peaks against MemTracker are asserted by the page
+itself (book/zero_memory.md) on every build."""
 
 import itertools
 import json
@@ -10,18 +12,10 @@ import pytest
 import torch
 
 from distlab.chapters.zero_memory import (
-    MEASURED,
-    WIDE_VOCABULARY,
-    activation_rows,
     allocated_state_bytes,
-    fsdp2_gathered,
-    measure_one_step,
-    measured_rows,
     paper_table_1,
-    peak_rows,
     reduction,
 )
-from distlab.infra.launch import run_ranks
 from distlab.memory import activation_bytes_formula, state_bytes
 from distlab.model import GPT, count_parameters, preset
 from distlab.tools.calculator_page import calculator_html, calculator_widget, format_bytes, format_estimate
@@ -39,7 +33,7 @@ from distlab.tools.memory_calculator import (
     model_params,
     per_rank_bytes,
 )
-from distlab.tools.memory_checks import PAPER_FIGURE_1, agrees_with_print, exact_adamw_state_bytes, zero_paper_bytes
+from distlab.tools.memory_checks import PAPER_FIGURE_1, agrees_with_print, zero_paper_bytes
 
 STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 
@@ -205,19 +199,6 @@ def test_the_page_fetches_nothing_and_the_widget_builds():
     assert "31.4 GB" in text and "n/a" in text
 
 
-def test_checkpointed_activations_match_saved_tensors_to_the_byte():
-    for row in activation_rows([("tiny", 4), ("shakespeare", 2)]):  # counted with a saved-tensors hook
-        cfg, batch, plain, checkpointed = preset(row["preset"]), row["batch"], row["plain"], row["checkpointed"]
-        assert plain == activation_bytes(cfg, batch, cfg.block_size)["saved"] == row["formula_plain"]
-        expected = activation_bytes(cfg, batch, cfg.block_size, checkpointing=True)
-        assert checkpointed == expected["saved"] == row["formula_checkpointed"] < plain
-        # checkpointing drops, per block, everything but its (B, T, C) input; the backward pass
-        # recomputes that one block at a time, which is the peak's extra term
-        dropped_per_block = (plain - checkpointed) // cfg.n_layer
-        assert expected["recompute"] == dropped_per_block + 4 * batch * cfg.block_size * cfg.n_embd
-        assert row["peak"] == expected["peak"] == checkpointed + max(expected["added"].values())
-
-
 def test_allocated_bytes_of_a_plain_model_are_its_tensor_bytes_and_a_tied_matrix_counts_once():
     model = GPT(preset("tiny"), seed=0)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -225,33 +206,6 @@ def test_allocated_bytes_of_a_plain_model_are_its_tensor_bytes_and_a_tied_matrix
     optimizer.step()
     assert allocated_state_bytes(model, optimizer) == state_bytes(model, optimizer)  # no padding, no sharing
     assert allocated_state_bytes(model, optimizer)["params"] == 4 * count_parameters(model)  # wte = lm_head
-
-
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_measured_ddp_and_fsdp2_bytes_are_predicted_exactly(world_size):
-    ranks = run_ranks(measure_one_step, nprocs=world_size, timeout=180, quiet=True)
-    shapes = ranks[0]["shapes"]
-    n_params = count_parameters(GPT(preset("tiny")))
-    assert set(ranks[0]) == {"shapes", *MEASURED} and MEASURED == ("ddp", "fsdp2", "fsdp2-bf16")
-    for rank, got in enumerate(ranks):
-        for kind, fsdp2 in (("ddp", False), ("fsdp2", True)):
-            for view, storage in (("counted", False), ("allocated", True)):
-                assert got[kind][view] == exact_adamw_state_bytes(shapes, world_size, rank, fsdp2, storage), (
-                    rank,
-                    kind,
-                    view,
-                )
-        # the calculator's 16 bytes per parameter, divided by N under ZeRO-3, misses only the
-        # 4-byte step counters and FSDP2's uneven split of rows
-        assert got["ddp"]["counted"]["total"] == per_rank_bytes(n_params, world_size)["total"] + 4 * len(shapes)
-        # bf16 compute under FSDP2 keeps fp32 shards, gradients and moments: the same bytes
-        assert got["fsdp2-bf16"]["counted"] == got["fsdp2"]["counted"]
-    fsdp_params = [got["fsdp2"]["counted"]["params"] for got in ranks]
-    assert sum(fsdp_params) == 4 * n_params and len(set(fsdp_params)) == 2  # the last rank holds fewer rows
-    rows = measured_rows({world_size: ranks})  # the page's table: one row per rank and strategy
-    assert [(r["rank"], r["strategy"]) for r in rows] == [(r, s) for r in range(world_size) for s in ("ddp", "fsdp2")]
-    assert all(r["counted"] == r["exact"] and r["difference"] == r["counted"] - r["calculator"] for r in rows)
-    assert {r["difference"] for r in rows if r["strategy"] == "ddp"} == {4 * len(shapes)}  # the step counters
 
 
 def test_bf16_activations_are_counted_in_bf16_bytes():  # the formula itself: tests/unit/test_memory_and_flops.py
@@ -263,25 +217,8 @@ def test_bf16_activations_are_counted_in_bf16_bytes():  # the formula itself: te
     assert estimate("tiny", 2, "bf16_mixed", micro_batch=4, seq_len=64)["activations"] == bf16["peak"]
 
 
-def test_the_calculators_peak_matches_memtracker():
-    """Without checkpointing to the byte (but the 4-byte loss), at both moments; with it, at most
-    5% above (it counts the whole recomputed block, which backward frees as it goes)."""
-    rows = peak_rows([("tiny", preset("tiny"), 4)]) + peak_rows([("wide", WIDE_VOCABULARY, 1)], checkpointing=(False,))
-    assert {r["at"] for r in rows} == {"loss", "last block"}
-    for r in rows:
-        assert 0 <= r["measured"] - r["calculator"] <= 4 if not r["checkpointing"] else 0 < r["error"] <= 0.05, r
-
-
-def test_fsdp2_gathered_parameters_are_the_root_and_two_blocks_or_every_unit():
-    """Measured on 2 ranks in each block's forward and backward: ZeRO-3 holds the root, the
-    block computing and the one prefetched; without resharding, every unit (FSDP2 pads each
-    tensor to N equal pieces: the embedding's 65 rows become 66)."""
-    ranks = run_ranks(fsdp2_gathered, nprocs=2, timeout=180, quiet=True)
-    padding = 4 * 64  # one row of the token embedding, in fp32
-    for got in ranks:
-        for strategy in ("zero3", "fsdp2_no_reshard"):
-            assert got[strategy]["measured"] - got[strategy]["calculator"] == padding, (strategy, got)
-        assert got["zero3"]["calculator"] < got["fsdp2_no_reshard"]["calculator"]
+def test_without_resharding_the_calculator_gathers_every_parameter_whole():
+    """The calculator's gathered part on gpt2 (the page measures it on the tiny GPT, 2 ranks)."""
     n = model_params("gpt2")  # without resharding the parameters are whole at the peak, not 1/N
     no_reshard, zero3 = (estimate("gpt2", 8, "bf16_mixed", strategy=s) for s in ("fsdp2_no_reshard", "zero3"))
     assert no_reshard["gathered"] == 2 * n  # every parameter, whole, in bf16

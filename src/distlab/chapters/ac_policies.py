@@ -216,9 +216,14 @@ def budget_sweep(budgets=(1.0, 0.5, 0.1, 0.0), preset_name: str = "tiny", batch:
 
     The budget is read by the min-cut partitioner when the block is compiled (``torch.compile``
     compiles at the first call), so each budget gets a fresh compile under ``config.patch``.
+    ``knapsack_budgets``: the budgets the partitioner solved a knapsack for while compiling
+    (``_optimize_runtime_with_given_memory``, private; none when a cheaper min-cut fit).
     """
+    from unittest import mock
+
     import torch._dynamo
     import torch._functorch.config as functorch_config
+    import torch._functorch.partitioners as partitioners
 
     cfg = preset(preset_name)
     x0 = torch.randn(batch, cfg.block_size, cfg.n_embd, generator=torch.Generator().manual_seed(0))
@@ -246,7 +251,10 @@ def budget_sweep(budgets=(1.0, 0.5, 0.1, 0.0), preset_name: str = "tiny", batch:
     for budget in budgets:
         torch._dynamo.reset()  # the budget is applied at compile time: recompile for each
         block = GPT(cfg).blocks[0]
-        with functorch_config.patch(activation_memory_budget=budget):
+        knapsack = mock.patch.object(
+            partitioners, "_optimize_runtime_with_given_memory", wraps=partitioners._optimize_runtime_with_given_memory
+        )
+        with functorch_config.patch(activation_memory_budget=budget), knapsack as solved:
             compiled = torch.compile(block, backend=backend)
             run(compiled, block)  # first call compiles; its numbers include no recompilation
             block.zero_grad(set_to_none=True)
@@ -259,6 +267,7 @@ def budget_sweep(budgets=(1.0, 0.5, 0.1, 0.0), preset_name: str = "tiny", batch:
                 "recomputed_flops": backward.flops - baseline.flops,
                 "recomputed_ops": _recomputed(backward, baseline),
                 "grad_max_abs_diff": max((g - r).abs().max().item() for g, r in zip(grads, reference)),
+                "knapsack_budgets": sorted({call.args[3] for call in solved.call_args_list}),
             }
         )
     torch._dynamo.reset()
