@@ -120,7 +120,8 @@ def test_gloo_gathers_and_scatters_slower_than_the_ring_fed_the_all_reduce_fit()
     assert {(r["collective"], r["ranks"]) for r in rows} == {
         (k, n) for k in ("all_gather", "reduce_scatter") for n in (2, 4)
     }
-    assert all(r["measured_s"] > 1.2 * r["predicted_s"] for r in rows), rows
+    # the recorded inputs (results/planner_cpu_inputs.json, read above), not a timing taken now
+    assert all(r["measured_s"] > 1.2 * r["predicted_s"] for r in rows), rows  # timing-ok: a recorded file
 
 
 def test_attention_at_its_measured_rate_is_slower_than_at_the_matmul_peak():

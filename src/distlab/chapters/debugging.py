@@ -188,21 +188,24 @@ def late_rank_demo(report: str, late_s: float, barrier_timeout_s: float) -> dict
 
 
 # ---------------------------------------------------------------- where is it stuck?
-def wait_for_data(seconds: float) -> None:
-    """The function rank 1 is stuck in, so that its name shows up in stack dumps."""
-    stuck(seconds)
+def wait_for_data(seconds: float, release: Path | None = None) -> None:
+    """Where rank 1 is stuck, named so in stack dumps: ``seconds``, or until the file ``release`` exists."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not (release and release.exists()):
+        time.sleep(0.05)
 
 
 # --- begin stacks ---
 def hung_job_demo(report: str, watchdog_s: float, stuck_s: float) -> dict:
-    """Rank 0 waits in an all-reduce for rank 1, which is stuck in ``wait_for_data``."""
+    """Rank 0 waits in an all-reduce for rank 1, stuck in ``wait_for_data`` until ``report``/release exists."""
     rank = dist.get_rank()
     stacks = open(Path(report, f"stacks{rank}.txt"), "w")  # stays open: the handlers write to it
     # `kill -USR1 <pid>` now prints every thread's Python stack, and the rank goes on
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     note(report, pid=os.getpid())
     if rank == 1:
-        wait_for_data(stuck_s)
+        wait_for_data(stuck_s, release=Path(report, "release"))
+        dist.all_reduce(torch.ones(1))  # released: it joins rank 0's all-reduce at last
         return {}
     # a watchdog: if the all-reduce has not returned within watchdog_s, dump the stacks
     faulthandler.dump_traceback_later(watchdog_s, file=stacks)
@@ -248,12 +251,11 @@ def exit_demo(report: str, free_model_first: bool, peer_delay_s: float = 2.0) ->
     waits for gloo's worker threads, and a worker that is releasing the last reference to a
     tensor made in Python needs the GIL to do so: a deadlock. Destroyed from Python
     (``destroy_process_group`` dropping the last reference), the GIL is released while it waits.
-
     Rank 1 joins the all-reduce ``peer_delay_s`` late, so rank 0 is certainly destroying its
-    group while the worker still has the tensor. In a real run it is a race that a loaded
-    machine loses now and then: before the labs freed their model first, 8 of 133 short lab 2
-    launches (two at a time on 2 cores) were caught in it.
-    Returns how long the teardown took and whether Python threads ran meanwhile.
+    group while the worker still has the tensor (in a real run, a race that a loaded machine
+    loses now and then: 8 of 133 short lab 2 launches, two at a time on 2 cores, before the labs
+    freed their model first). Returns the teardown's duration and end, and how often a Python
+    thread ran meanwhile; notes when rank 0's teardown started and when rank 1 arrived.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP  # imports torch._dynamo: seconds
 
@@ -263,11 +265,13 @@ def exit_demo(report: str, free_model_first: bool, peer_delay_s: float = 2.0) ->
     model = DDP(nn.Linear(4, 4))  # its reducer holds a reference to the group
     if rank == 1:
         stuck(peer_delay_s)
+        note(report, arrived=time.monotonic())  # one clock for every process of this machine
     work = dist.all_reduce(torch.ones(4), async_op=True)
     if rank == 1:
         work.wait()
         del model
         dist.destroy_process_group()
+        note(report, finished=True)
         return {}
     del work  # from here on only gloo's worker thread holds the tensor
 
@@ -281,7 +285,8 @@ def exit_demo(report: str, free_model_first: bool, peer_delay_s: float = 2.0) ->
 
     threading.Thread(target=count, daemon=True).start()
 
-    start = time.perf_counter()
+    start = time.monotonic()
+    note(report, teardown_started=start)
     # --- begin exit order ---
     if free_model_first:
         del model  # the reducer lets go; the group is still registered, so nothing is destroyed yet
@@ -290,6 +295,6 @@ def exit_demo(report: str, free_model_first: bool, peer_delay_s: float = 2.0) ->
         dist.destroy_process_group()  # the tutorial order: the group lives on in the reducer ...
         del model  # ... and is destroyed here, GIL held: hangs
     # --- end exit order ---
-    seconds = time.perf_counter() - start
+    end = time.monotonic()
     done.set()
-    return {"teardown_s": seconds, "python_ticks_during_teardown": ticks}
+    return {"teardown_s": end - start, "teardown_ended": end, "python_ticks_during_teardown": ticks}

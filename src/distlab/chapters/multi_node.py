@@ -8,8 +8,9 @@
 
 On a cluster every machine runs the same ``torchrun --nnodes=K ...`` command and the K
 launchers find each other through a rendezvous at one ``host:port``. Here the K launchers
-are K subprocesses of this one, and the host is 127.0.0.1: the rendezvous, the stores, the
-ranks and the network traffic between them are real; only the machines are not.
+are K processes started from this one (each torchrun forked from a server that imported torch
+once: ``distlab.infra.forked_torchrun``), and the host is 127.0.0.1: the rendezvous, the
+stores, the ranks and the network traffic between them are real; only the machines are not.
 
 Each node runs in a session of its own, and torchrun starts every worker in a session of
 its own too, so a timeout kills the process group of every process in each node's tree
@@ -27,32 +28,20 @@ import json
 import os
 import shlex
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
-from distlab.infra.launch import LaunchTimeout
+from distlab.infra.forked_torchrun import TORCHRUN, start_node
 from distlab.infra.paths import REPO_ROOT
 from distlab.infra.ports import check_port_free
 from distlab.infra.processes import kill_tree
 
-__all__ = [
-    "Node",
-    "torchrun_command",
-    "run_nodes",
-    "shell",
-    "WORKER_ENV",
-    "sbatch_directives",
-    "run_sbatch_emulated",
-    "SBATCH_SCRIPT",
-    "EMULATED_SLURM",
-]
-
-# torchrun as the user types it, with this Python (so the subprocess sees the same torch)
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+__all__ = ["Node", "torchrun_command", "run_nodes", "shell", "WORKER_ENV", "sbatch_directives"]
+__all__ += ["run_sbatch_emulated", "SBATCH_SCRIPT", "EMULATED_SLURM"]
 
 # what torchrun (its elastic agent) sets in every worker's environment
 WORKER_ENV = [
@@ -135,10 +124,23 @@ def _local_rendezvous_ports(commands: list[list[str]]) -> set[int]:
     return ports
 
 
-def _listening(port: int) -> bool:
+def _joined(command: list[str], port: int) -> bool:
+    """Whether the launcher of ``command`` has joined its c10d rendezvous at 127.0.0.1:``port``:
+    its store answers and holds the rendezvous state, not the c10d backend's placeholder."""
     with socket.socket() as probe:
         probe.settimeout(0.2)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+        if probe.connect_ex(("127.0.0.1", port)) != 0:
+            return False
+    from torch.distributed import TCPStore  # imported here only: the worker starts without torch
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    run_id = next((a[len("--rdzv-id=") :] for a in command if a.startswith("--rdzv-id=")), "none")  # torchrun's
+    try:
+        store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5), wait_for_workers=False)
+        key = f"torch.rendezvous.{run_id}"
+        return store.check([key]) and store.get(key).decode() != C10dRendezvousBackend._NULL_SENTINEL
+    except RuntimeError:  # the store went away (its launcher failed): not joined
+        return False
 
 
 def run_nodes(
@@ -160,8 +162,8 @@ def run_nodes(
     ``--rdzv-endpoint=127.0.0.1:PORT``, is checked to be free before anything starts
     (``PortInUse`` if not: a c10d rendezvous on a port that another program listens on waits
     forever). ``first_alone``: of the commands that name the same endpoint, start the first,
-    and the others only once it listens there: the first then hosts the rendezvous store, and
-    it has joined the rendezvous before the others.
+    and the others only once it has joined the rendezvous there (``--rdzv-id``): the first
+    then hosts the rendezvous store, and it has joined the rendezvous before the others.
     """
     for p in {port, *_local_rendezvous_ports(commands)} - {0}:
         check_port_free(p)
@@ -178,13 +180,13 @@ def run_nodes(
         for i in order:
             if first_alone and endpoint[i] and leaders[endpoint[i]] != i:
                 leader = procs[leaders[endpoint[i]]]
-                while not _listening(endpoint[i]) and leader.poll() is None and time.monotonic() < deadline:
+                first = commands[leaders[endpoint[i]]]
+                while not _joined(first, endpoint[i]) and leader.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.05)
-            outs.append((i, tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")))  # files: no pipe fills up
-            # a session of its own: its process group is not ours, and a timeout can kill it whole
-            procs[i] = subprocess.Popen(
-                commands[i], stdout=outs[-1][1], stderr=outs[-1][2], env=env, cwd=cwd, start_new_session=True, text=True
-            )
+            outs.append((i, *(Path(scratch.name, f"node{i}.{name}") for name in ("out", "err"))))
+            outs[-1][1].touch(), outs[-1][2].touch()  # files, not pipes: no pipe fills up
+            # a session of its own (its process group is not ours: a timeout can kill it whole)
+            procs[i] = start_node(commands[i], *outs[-1][1:], env=env, cwd=cwd)
             starts[i] = time.monotonic()
         ends = [None] * len(procs)
         while None in ends and time.monotonic() < deadline:
@@ -196,16 +198,17 @@ def run_nodes(
         for proc in filter(None, procs):
             kill_tree(proc.pid)  # nothing left to kill for a node that exited with its workers
             proc.wait()
-        texts = [None] * len(commands)
+        texts = [("", "")] * len(commands)
         for i, out, err in outs:
-            out.seek(0), err.seek(0)
-            texts[i] = (out.read(), err.read())
-            out.close(), err.close()
+            texts[i] = (out.read_text(), err.read_text())
         scratch.cleanup()
     if None in ends:
+        from distlab.infra.launch import LaunchTimeout  # imports torch: not in the worker, which must start fast
+
         tails = "".join(
             f"\n--- node {i} (exit status {p.returncode}), last lines of stderr:\n" + "\n".join(err.splitlines()[-5:])
             for i, (p, (_, err)) in enumerate(zip(procs, texts))
+            if p is not None
         )
         raise LaunchTimeout(
             f"{len(commands)} node(s) did not finish within {timeout:.0f} s; "
