@@ -29,8 +29,10 @@ def pytest_configure(config):
     # The xdist workers share the cores: a thread per core in each would make them fight over
     # the cores (PLATFORM.md: 2 threads per process on 2 cores ran about 3x slower). torch reads
     # this when it is first imported, which no test module has done yet; the ranks a test
-    # launches and the book build's kernels inherit it.
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    # launches and the book build's kernels inherit it. (The controller sets it first, from -n,
+    # and its workers inherit it.)
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT") or getattr(config.option, "numprocesses", None)
+    workers = int(workers) if str(workers).isdigit() and int(workers) > 0 else 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     expression = config.option.markexpr or ""
     if "gpu" in expression and "not gpu" not in expression:
