@@ -4,7 +4,7 @@ resuming on the same and on other numbers of ranks, and a damaged or mismatched 
 
     never_stopped = train_lab4(runs / "never_stopped", "--checkpoint-every", "10")
     piece_table(never_stopped / "checkpoints" / "step_000010", "app.model.wte.weight")
-    resume_losses(step10, runs / "resumed_on_4", nprocs=4)
+    resumed, said = resume_losses(step10, runs / "resumed_on_4", nprocs=4)
     save_on_local_disks(runs / "disks")  # lab 2 on two emulated nodes, each --out on its own "disk"
 
 Lab 4 runs as a script on local ranks (``distlab.infra.launch.run_script``), as torchrun would
@@ -13,6 +13,8 @@ start it; everything else reads the files it wrote.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import shutil
 from pathlib import Path
@@ -46,9 +48,14 @@ def losses(out: str | Path) -> list[float]:
     return [m["loss"] for m in read_metrics(out)]
 
 
-def resume_losses(checkpoint: str | Path, out: str | Path, nprocs: int) -> list[float]:
-    """Lab 4 resumed from ``checkpoint`` on ``nprocs`` ranks: the losses of the steps it ran."""
-    return losses(train_lab4(out, "--resume", str(checkpoint), nprocs=nprocs))
+def resume_losses(checkpoint: str | Path, out: str | Path, nprocs: int) -> tuple[list[float], str]:
+    """Lab 4 resumed from ``checkpoint`` on ``nprocs`` ranks: the losses of the steps it ran, and
+    the line it printed on resuming ("resumed from ... at step 10 (saved by 2 ranks, now 4)...")."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # the launcher prints the ranks' lines as they come
+        run_script(LAB4, [*ARGS, "--resume", str(checkpoint), "--out", out], nprocs=nprocs)
+    said = [line for line in printed.getvalue().splitlines() if "resumed from" in line]
+    return losses(out), said[0].split("] ", 1)[-1] if said else ""
 
 
 def largest_difference(resumed: list[float], reference: list[float], relative: bool = False) -> float:
@@ -125,12 +132,13 @@ def truncated_copy(checkpoint: str | Path, out: str | Path, shard: str = "__1_0.
     return Path(out)
 
 
-def failed_resume(checkpoint: str | Path, out: str | Path, *extra: str, nprocs: int = 1) -> str:
-    """Resume lab 4 with options that do not fit the checkpoint: the one line the rank stops with."""
+def failed_resume(checkpoint: str | Path, out: str | Path, *extra: str, nprocs: int = 1) -> tuple[str, str]:
+    """Resume lab 4 with options that do not fit the checkpoint: the one line the rank stops with,
+    and all it wrote to its stderr."""
     try:
         train_lab4(out, *extra, "--resume", str(checkpoint), nprocs=nprocs)
     except RankFailed as failed:
-        return failed.summary
+        return failed.summary, failed.details
     raise RuntimeError(f"lab 4 resumed from {checkpoint} with {extra}, which it should have refused")
 
 

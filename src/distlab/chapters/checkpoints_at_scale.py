@@ -174,6 +174,15 @@ def find_straggler(steps: int = 10, every: int = 5, slow_rank: int = 1, delay_s:
 # --- end straggler ---
 
 
+def detector_on_fixed_times(own_s: tuple[float, ...] = (0.001, 0.031)) -> dict:
+    """The detector's report when rank r recorded ``own_s[r]`` (a fixed input, no clock): the
+    page's straggler run without its timings, which a busy machine may blur."""
+    rank, _ = rank_world()
+    detector = StragglerDetector(every=1)
+    detector.record(own_s[rank % len(own_s)])
+    return detector.check()
+
+
 def checkpoint_experiments(folder: str) -> dict:
     """Everything the page measures, in one launch of ranks; rank 0 also converts."""
     folder = Path(folder)
@@ -192,6 +201,7 @@ def checkpoint_experiments(folder: str) -> dict:
     dist.barrier()
     dist.destroy_process_group(save_group)
     out["straggler"] = find_straggler()
+    out["straggler_fixed"] = detector_on_fixed_times()
     return out
 
 
@@ -223,7 +233,7 @@ def kill_hung_worker(hang_at: int = 2, limit_s: float = 1.0, timeout_s: float = 
     try:
         worker.start()
         worker.join(timeout_s)  # the demo's own limit: the timer should act long before it
-        died = time.time()
+        died, killed_by_timer = time.time(), not worker.is_alive()  # else the finally below kills it
         steps = [progress.get(timeout=1) for _ in range(hang_at + 1)]
     finally:
         if worker.is_alive():
@@ -232,6 +242,7 @@ def kill_hung_worker(hang_at: int = 2, limit_s: float = 1.0, timeout_s: float = 
     return {
         "steps_started": len(steps),
         "exitcode": worker.exitcode,
+        "killed_by_timer": killed_by_timer,
         "killed_after_s": died - steps[-1][1],
         "limit_s": limit_s,
     }

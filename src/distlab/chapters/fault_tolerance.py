@@ -14,9 +14,12 @@ Nothing in the labs knows about this: the waits are patched in from outside, her
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -79,18 +82,20 @@ def kill_when_stalled(
     return killer
 
 
-def torchrun_workers(agent_pid: int) -> dict[int, int]:
-    """{global rank: pid} of the workers a torchrun agent (process ``agent_pid``) started:
-    the agent's children, each with RANK in its environment (psutil: Linux and macOS)."""
-    workers = {}
+def torchrun_worker(agent_pid: int, rank: int, logs: str | Path, attempt: int = 0) -> int | None:
+    """The pid of global rank ``rank`` (one node: its local rank) in attempt ``attempt`` of a
+    torchrun agent (process ``agent_pid``) started with ``--tee`` and ``--log-dir logs``: the
+    agent's child whose stdout is that rank's log file, ``logs/<run>/attempt_N/<rank>/stdout.log``
+    (torchrun's layout). A forked worker's environment cannot tell: /proc shows the agent's."""
+    wanted = f"{os.sep}attempt_{attempt}{os.sep}{rank}{os.sep}stdout.log"
     for child in psutil.Process(agent_pid).children():
         try:
-            rank = child.environ().get("RANK")
+            files = child.open_files()
         except (psutil.NoSuchProcess, psutil.AccessDenied):  # it ended while we looked
             continue
-        if rank is not None:
-            workers[int(rank)] = child.pid
-    return workers
+        if any(f.path.startswith(str(logs)) and f.path.endswith(wanted) for f in files):
+            return child.pid
+    return None
 
 
 def kill(pid: int) -> None:
@@ -109,18 +114,30 @@ def torchrun_killing_a_rank(
 ) -> tuple[int, list[tuple[float, str]]]:
     """Run ``torchrun --standalone --max-restarts`` on ``script``; SIGKILL global rank ``rank``
     as soon as the path ``after`` exists (say, the first checkpoint). Returns torchrun's exit
-    code and its output lines, each with the seconds since the start; a ``KILLED`` line marks
-    the kill. Everything is killed if it has not finished after ``timeout`` seconds."""
+    code and its output lines (each rank's without torchrun's ``[default0]:`` prefix), each with
+    the seconds since the start; a ``KILLED`` line marks the kill. Everything is killed if it has
+    not finished after ``timeout`` seconds.
+
+    torchrun forks its workers from itself and runs the script in them (``--start-method=fork
+    --run-path``): the same agent, rendezvous, store and restarts as with a fresh Python per
+    worker, without importing torch again in each of them (seconds of CPU per worker). It is
+    torchrun's own ``main``, in a Python that has also imported torch._dynamo (which a rank's
+    first optimizer step imports, a second of CPU each time), so that the workers start with it."""
     start = time.monotonic()
+    logs = tempfile.mkdtemp(prefix="torchrun-logs-")
     agent = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "torch.distributed.run",
+            "-c",
+            _TORCHRUN_PRELOADED,
             "--standalone",
             f"--nproc-per-node={nprocs}",
             f"--max-restarts={max_restarts}",
             "--monitor-interval=0.1",
+            "--start-method=fork",
+            "--run-path",
+            "--tee=3",  # each rank's output into a file of its own (which names its rank), and on to ours
+            f"--log-dir={logs}",
             str(script),
             *map(str, args),
         ],
@@ -128,21 +145,28 @@ def torchrun_killing_a_rank(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        # read when torch is imported (by the agent, here): the threads run_script gives its ranks,
+        # so that a run this restarts computes like one that run_script ran, bit for bit
+        env={"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nprocs)), **os.environ},
     )
     lines: list[tuple[float, str]] = []
-    reader = threading.Thread(
-        target=lambda: lines.extend((time.monotonic() - start, ln.rstrip()) for ln in agent.stdout), daemon=True
-    )
+
+    def read() -> None:
+        for line in agent.stdout:
+            lines.append((time.monotonic() - start, _TEE_PREFIX.sub("", line.rstrip())))
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        while not Path(after).exists():
+        victim = None
+        while victim is None:
             if agent.poll() is not None:
                 raise RuntimeError(f"torchrun ended (exit code {agent.returncode}) before {after} appeared")
             if time.monotonic() - start > timeout:
                 raise TimeoutError(f"{after} did not appear within {timeout} s")
+            if Path(after).exists():
+                victim = torchrun_worker(agent.pid, rank, logs)
             time.sleep(0.01)
-        victim = torchrun_workers(agent.pid)[rank]
         kill(victim)
         lines.append((time.monotonic() - start, f"KILLED rank {rank} (pid {victim}) with SIGKILL"))
         agent.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
@@ -151,4 +175,11 @@ def torchrun_killing_a_rank(
             os.killpg(agent.pid, signal.SIGKILL)  # the agent and every worker it started
             agent.wait()
         reader.join(timeout=10)
+        shutil.rmtree(logs, ignore_errors=True)
     return agent.returncode, sorted(lines)
+
+
+# `torchrun ARGS`: the console script calls torch.distributed.run.main, which reads sys.argv
+_TORCHRUN_PRELOADED = "import torch._dynamo; from torch.distributed.run import main; main()"
+# torchrun --tee prefixes each line a rank writes with its role and local rank
+_TEE_PREFIX = re.compile(r"^\[default\d+\]:")
