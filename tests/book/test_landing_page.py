@@ -18,6 +18,7 @@ from torch.distributed.run import get_args_parser
 from distlab.bench.labs import load_lab
 from distlab.cli import parse_config
 from distlab.infra.paths import REPO_ROOT
+from distlab.tools.runs import main as runs_cli
 
 INTRO = (REPO_ROOT / "book" / "intro.md").read_text()
 pytestmark = pytest.mark.timeout(600)
@@ -39,20 +40,37 @@ def split_torchrun(command: list[str]) -> tuple[list[str], str, list[str]]:
     return command[1:script_at], command[script_at], command[script_at + 1 :]
 
 
-def test_the_cpu_commands_run(tmp_path):
+def test_the_cpu_commands_run(tmp_path, monkeypatch):
+    """The two training commands run at once (each its own processes; the plot needs both), as
+    printed but for fewer steps; then the plot command, through the same entry point that
+    ``python -m distlab.tools.runs`` calls, in this process (a Python start-up fewer)."""
     commands = tab_commands("CPU (a laptop)")
     assert [c[0] for c in commands] == ["python", "torchrun", "python"]
+    *training, plot = commands
+    assert plot[:3] == ["python", "-m", "distlab.tools.runs"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
-    for command in commands:
+    started = []
+    for command in training:
         command = ["3" if prev == "--steps" else a for prev, a in zip([""] + command, command)]
         command = [str(REPO_ROOT / a) if a.startswith("src/") else a for a in command]
         if command[0] == "torchrun":
             command = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
         else:
             command = [sys.executable, *command[1:]]
-        proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"{shlex.join(command)}\n{proc.stderr[-3000:]}"
+        proc = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        started.append((command, proc))
+    try:
+        for command, proc in started:
+            _, stderr = proc.communicate(timeout=300)
+            assert proc.returncode == 0, f"{shlex.join(command)}\n{stderr[-3000:]}"
+    finally:
+        for _, proc in started:
+            proc.kill()  # no-op for a process that exited; a timed-out one must not outlive the test
     assert (tmp_path / "runs" / "lab2" / "summary.json").is_file()
+    monkeypatch.chdir(tmp_path)
+    assert runs_cli(plot[3:]) in (0, None)
     assert (tmp_path / "loss.png").stat().st_size > 10_000
 
 

@@ -1,36 +1,23 @@
-"""Feeding the ranks: DistributedSampler's exact rules, two loading strategies, seeds and
-DataLoader workers, sharding by rank x worker, mp.spawn."""
-
-import os
-import subprocess
-import sys
+"""Feeding the ranks: DistributedSampler's exact rules, sharding by rank x worker set by hand,
+mp.spawn's pickling. The page checks its own launches on every build (the two loading strategies
+against one process, seeds and DataLoader workers inside two ranks, the spawn example against
+torchrun); these tests cover the rules over many sizes, the error paths and the exercises."""
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, get_worker_info
 from torch.utils.data.distributed import DistributedSampler
 
 from distlab.chapters.feeding_ranks import (
-    SOURCES,
     SeedProbe,
-    both_strategies,
     epoch_order,
     expected_layout,
     expected_shards,
     sampler_epochs,
-    samples_read,
-    seeds_on_ranks,
-    time_strategies,
     try_spawn,
     visit_counts,
-    worker_draws,
 )
-from distlab.data import TokenData, load_corpus
-from distlab.infra.launch import run_ranks
-from distlab.infra.paths import REPO_ROOT
-from distlab.runtime import rank_world
 from distlab.tools.sharding import ShardedIterable, shard_sizes
 
 SIZES = [(n, N) for n in range(1, 23) for N in range(1, 8)]
@@ -106,107 +93,9 @@ def test_strided_deal_keeps_the_global_batch_of_one_process():
         assert union == sorted(single[step * b * N : (step + 1) * b * N])
 
 
-def feed_on_ranks():
-    results = both_strategies(steps=3, global_batch=8, block_size=32)
-    timings = time_strategies(global_batches=(8,), block_size=32, batches=3, warmup=1)
-    return dist.get_rank(), results, timings
-
-
-def test_both_strategies_give_every_rank_the_same_rows_as_one_process():
-    ranks = run_ranks(feed_on_ranks, nprocs=2, quiet=True, timeout=120)
-    data = TokenData(load_corpus())
-    for step in range(3):
-        x_one, y_one = data.batch("train", step, 8, 32, 1337)  # one process, all rows
-        for rank, results, _ in ranks:
-            x_own, y_own, x_sc, y_sc = results[step]
-            assert x_own.shape == (4, 32)
-            assert torch.equal(x_own, x_sc) and torch.equal(y_own, y_sc)
-            assert torch.equal(x_own, x_one[rank * 4 : (rank + 1) * 4])
-            assert torch.equal(y_own, y_one[rank * 4 : (rank + 1) * 4])
-    for _rank, _, timings in ranks:
-        for strategy in ("own_shard", "scatter"):
-            assert len(timings[strategy][8]) == 3 and all(t > 0 for t in timings[strategy][8])
-
-
-def _run(cmd, timeout=150):
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def test_the_spawn_example_and_torchrun_train_alike():
-    script = str(REPO_ROOT / "src" / "examples" / "spawn_example.py")
-    spawned = _run([sys.executable, script, "--nprocs", "2", "--steps", "3", "--device", "cpu"])
-    assert spawned.returncode == 0, spawned.stderr[-2000:]
-    lines = sorted(spawned.stdout.splitlines())
-    assert [ln.split(":")[0] for ln in lines] == ["rank 0/2 (gloo, cpu)", "rank 1/2 (gloo, cpu)"]
-    launched = _run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            script,
-            "--steps",
-            "3",
-            "--device",
-            "cpu",
-        ]
-    )
-    assert launched.returncode == 0, launched.stderr[-2000:]
-    assert sorted(launched.stdout.splitlines()) == lines  # same data, same seed, same losses
-
-
 def test_spawn_needs_a_function_it_can_pickle_by_name():
     assert try_spawn(print, nprocs=1, timeout=60) == "ok"
     assert "pickle" in try_spawn(lambda rank: None, nprocs=1, timeout=60).lower()
-
-
-class EveryItem(IterableDataset):
-    """The naive stream: every copy, in every worker of every rank, yields all items."""
-
-    def __init__(self, items):
-        self.items = items
-
-    def __iter__(self):
-        yield from self.items
-
-
-def seeds_workers_and_shards():
-    items = list(range(40))
-    splits = {"naive": EveryItem(items), "by rank x worker": ShardedIterable(items)}
-    return rank_world()[0], seeds_on_ranks(trials=30), worker_draws(), samples_read(splits, workers=2)
-
-
-def test_seeds_workers_and_sharding_inside_two_ranks():
-    """DDP hides a per-rank init, not shared dropout masks; DataLoader workers run inside the
-    ranks, get their seeds from the rank's generator, and copy a dataset's own generator;
-    sharding by rank x worker reads each item once where the naive stream reads it 4 times."""
-    ranks = run_ranks(seeds_workers_and_shards, nprocs=2, quiet=True, timeout=120)
-    assert [r[0] for r in ranks] == [0, 1]
-    seeds = ranks[0][1]
-    assert seeds["rank"] == 0 and {**seeds, "rank": 1} == ranks[1][1]  # gathered or averaged: equal on both
-    assert seeds["init"] == [False, True]  # different weights before DDP, rank 0's after
-    assert seeds["mask_agree"]["same"] == 1.0 and 0.4 < seeds["mask_agree"]["per_rank"] < 0.6
-    assert seeds["grad_var"]["same"] > seeds["grad_var"]["per_rank"] > 0
-
-    def values(rank, mode, source, worker):
-        return [d[source] for d in ranks[rank][2][mode] if d["worker"] == worker]
-
-    for worker in (0, 1):
-        seed0, seed1 = (values(r, "same", "seed", worker) for r in (0, 1))
-        assert seed0 == seed1  # one torch seed on both ranks: the same worker seeds
-        assert values(0, "per_rank", "seed", worker) != values(1, "per_rank", "seed", worker)
-    assert values(0, "same", "seed", 1)[0] == values(0, "same", "seed", 0)[0] + 1  # base_seed + worker id
-    for source in SOURCES:
-        copied = source == "dataset's rng"  # not reseeded: the same draws in every worker, on every rank
-        assert (values(0, "per_rank", source, 0) == values(0, "per_rank", source, 1)) is copied
-        assert (values(0, "per_rank", source, 0) == values(1, "per_rank", source, 0)) is copied
-        assert values(0, "same", source, 0) == values(1, "same", source, 0)
-
-    reads = [r[3] for r in ranks]
-    assert visit_counts([r["naive"] for r in reads], 40) == [4] * 40  # 2 ranks x 2 workers
-    assert visit_counts([r["by rank x worker"] for r in reads], 40) == [1] * 40
 
 
 @pytest.mark.parametrize("n,world,workers", [(64, 2, 2), (1003, 3, 2), (5, 3, 2)])  # at most 2 workers: CI has 2 cores

@@ -83,10 +83,12 @@ def barrier() -> dict:
     dist.barrier()  # line the ranks up so their clocks start together
     start = time.perf_counter()
     time.sleep(0.2 * rank_world()[0])  # rank r is 0.2 r seconds late
-    arrived = time.perf_counter() - start
+    arrived, arrived_at = time.perf_counter() - start, time.monotonic()
     dist.barrier()
-    left = time.perf_counter() - start
-    return {"before": f"arrives at {arrived:.2f} s", "after": f"leaves at {left:.2f} s"}
+    left, left_at = time.perf_counter() - start, time.monotonic()
+    # the monotonic clock is one clock for every process on this machine: every rank's left_at
+    # comes after the last rank's arrived_at, however loaded the machine
+    return {"before": f"arrives at {arrived:.2f} s", "after": f"leaves at {left:.2f} s", "clock": (arrived_at, left_at)}
 
 
 DEMOS = (broadcast, all_reduce, reduce_scatter, all_gather, barrier)
@@ -111,8 +113,9 @@ def reduce_ops() -> dict[tuple[str, str], list | str]:
 
 
 def all_demos() -> dict:
-    """Every demo, and the reduction operators, in one launch (starting processes takes seconds)."""
-    return {"demos": [demo() for demo in DEMOS], "reduce_ops": reduce_ops()}
+    """Every demo, the reduction operators and the parity exchange, in one launch (starting
+    processes takes seconds)."""
+    return {"demos": [demo() for demo in DEMOS], "reduce_ops": reduce_ops(), "exchange": exchange_ranks()}
 
 
 def before_after_table(title: str, per_rank: list[dict]) -> str:

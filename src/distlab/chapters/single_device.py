@@ -1,7 +1,7 @@
 """The single-device baseline chapter's experiments: parameters counted two ways, model state
 and activations measured against their formulas, the attention kernel PyTorch picked, fused
 against the default AdamW, FLOPs counted by PyTorch against ours, this machine's matmul peaks and
-instruction sets, and lab 1's tokens/s and MFU.
+instruction sets, and lab 1's tokens/s and MFU as the book's benchmark recorded them.
 
     parameter_table()                        # formula == PyTorch's count, per preset
     model_state_after_one_step(preset("tiny"))
@@ -9,36 +9,42 @@ instruction sets, and lab 1's tokens/s and MFU.
     attention_kernel(preset("tiny"), torch.float32)   # the SDPA kernel autograd recorded
     adamw_step_seconds(preset("tiny"))       # one optimizer step: the default and fused
     counted_flops_per_token(preset("tiny"), math_attention=True)
-    run_lab1(["fp32"], out_dir)              # lab 1's summary.json, per dtype
+    recorded_lab1()                          # lab 1's recorded run per dtype, with its provenance
 
-Everything runs in one process; ``run_lab1`` launches the lab script as the book's labs run.
+Everything runs in one process. Lab 1's runs at batch 16 take minutes of CPU, too long for every
+build: ``python -m distlab.bench`` records them (``RECORDED_LAB1``), and the page reads them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from distlab.flops import measured_peak_flops
-from distlab.infra.launch import run_script
+from distlab.infra.paths import RESULTS_DIR
 from distlab.memory import activation_bytes_formula, adamw_state_bytes_formula, saved_activation_bytes, state_bytes
-from distlab.metrics import read_summary
 from distlab.model import GPT, PRESETS, GPTConfig, count_parameters, parameter_formula, preset
 from distlab.runtime import DTYPES
 
 MB = 1e6
-LAB1 = "src/labs/lab1_single.py"
+# lab 1 on the shakespeare preset at batch 16, 6 steps, 3 repeats (the median run kept), per dtype, as
+# python -m distlab.bench recorded it: fp32 in the benchmark of every lab (the Benchmarks chapter's), bf16 by
+#   python -m distlab.bench --labs 1 --ranks 1 --preset shakespeare --batch-size 16 --steps 6 --repeats 3 --dtype bf16
+RECORDED_LAB1 = {dtype: RESULTS_DIR / "bench" / f"cpu_shakespeare_{dtype}.json" for dtype in ("fp32", "bf16")}
 
 
 def parameter_table() -> list[dict]:
-    """Each preset's size, with ``parameter_formula`` next to PyTorch's count of a real model."""
+    """Each preset's size, with ``parameter_formula`` next to PyTorch's count of a real model (built
+    on the meta device: the same modules and parameter shapes, no memory and no initialisation)."""
     rows = []
     for name in PRESETS:
         cfg = preset(name)
+        with torch.device("meta"):
+            model = GPT(cfg)
         rows.append(
             {
                 "preset": name,
@@ -46,7 +52,7 @@ def parameter_table() -> list[dict]:
                 "C": cfg.n_embd,
                 "T": cfg.block_size,
                 "formula": parameter_formula(cfg),
-                "counted": count_parameters(GPT(cfg)),
+                "counted": count_parameters(model),
             }
         )
     return rows
@@ -175,22 +181,24 @@ def measure_peaks(device: torch.device, dtypes: tuple[str, ...] = ("fp32", "bf16
     return {dtype: measured_peak_flops(device, DTYPES[dtype]) for dtype in dtypes}
 
 
-def run_lab1(
-    dtypes: list[str], out_dir: str | Path, preset_name: str = "shakespeare", batch: int = 16, steps: int = 6
-) -> dict[str, dict]:
-    """Lab 1 for a few steps in each dtype (the steps after the first two are timed); its
-    ``summary.json`` per dtype: tokens/s, achieved FLOP/s, the peak it was divided by, MFU."""
-    if steps < 3:
-        raise ValueError(f"steps must be at least 3 (the first two are not timed), got {steps}")
+def recorded_lab1(dtypes: tuple[str, ...] = ("fp32", "bf16")) -> dict[str, dict]:
+    """Lab 1's recorded run (1 process) per dtype that has a recording: its summary figures
+    (tokens/s, achieved FLOP/s, the peak its run timed at its end, MFU, losses, config), with the
+    recording's ``provenance`` (machine, CPU flags, load, torch, commit, date, command) added."""
     results = {}
     for dtype in dtypes:
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-        out = Path(out_dir) / dtype
-        args = ["--preset", preset_name, "--batch-size", str(batch), "--steps", str(steps), "--dtype", dtype]
-        args += ["--eval-batches", "1", "--sample-chars", "0", "--no-progress", "--out", str(out)]
-        run_script(LAB1, args, quiet=True)
-        results[dtype] = read_summary(out)
+        path = RECORDED_LAB1.get(dtype)
+        if path is None or not path.is_file():
+            continue
+        recorded = json.loads(path.read_text())
+        run = next(r for r in recorded["runs"] if r["lab"] == "lab1_single" and r["world_size"] == 1)
+        results[dtype] = {
+            **run,
+            "provenance": recorded["provenance"],
+            "file": path.relative_to(RESULTS_DIR.parent).as_posix(),
+        }
     return results
 
 
