@@ -1,35 +1,25 @@
-"""Lab 4 (lab 3 + FSDP2) under torchrun: losses equal lab 1's (and so DDP's); state per rank halves."""
+"""Lab 4 (lab 3 + FSDP2) beyond its page: 4 ranks and one process equal lab 1, bf16 from the FSDP2
+policy alone. The page (labs/lab4_fsdp2.md) checks on every build what it runs: 2 ranks x 2
+micro-batches equal lab 1 (within 1e-5), the state per rank is at most 0.52 of DDP's, and the
+saved weights load into lab 1's plain model."""
 
 import pytest
-import torch
 
-from distlab.infra.experiment import gpt
 from distlab.infra.paths import LABS_DIR
 from distlab.metrics import read_metrics, read_summary
 from support.labs import BASELINE, run_lab, torchrun
 
 
-@pytest.mark.parametrize("nprocs,micro", [(2, 4), (4, 2)])  # 2 micro-batches per step: no_gradient_sync runs
-def test_n_ranks_match_lab_1_and_ddp(nprocs, micro, tmp_path):
-    proc = torchrun("lab4_fsdp2.py", nprocs, *BASELINE["args"], "--micro-batch-size", micro, "--out", tmp_path)
+def test_four_ranks_match_lab_1(tmp_path):
+    """4 ranks x 2 micro-batches of 2 (no_gradient_sync runs); the page runs 2 ranks."""
+    nprocs = 4
+    proc = torchrun("lab4_fsdp2.py", nprocs, *BASELINE["args"], "--micro-batch-size", 2, "--out", tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [m["loss"] for m in read_metrics(tmp_path)]
     assert losses == pytest.approx(BASELINE["losses"], rel=1e-5)  # lab 2 (DDP) is held to the same list
     summary = read_summary(tmp_path)
     assert summary["world_size"] == nprocs and summary["strategy"].startswith("fsdp2")
-
-
-def test_state_per_rank_is_at_most_052_of_ddp_and_weights_load_in_lab_1(tmp_path):
-    common = ["--steps", "2", "--no-progress", "--sample-chars", "20", "--eval-batches", "1"]
-    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
-    for script, out in [("lab2_ddp.py", ddp), ("lab4_fsdp2.py", fsdp)]:
-        proc = torchrun(script, 2, *common, "--out", out)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    ratio = read_summary(fsdp)["state_bytes_per_rank"]["total"] / read_summary(ddp)["state_bytes_per_rank"]["total"]
-    assert 0.5 <= ratio <= 0.52
-    state = torch.load(fsdp / "model.pt", weights_only=True)  # plain tensors, plain keys
-    gpt("tiny", seed=0).load_state_dict(state)
-    assert read_summary(fsdp)["sample"]  # rank 0 sampled from the gathered weights
+    assert summary["accum_steps"] == 2
 
 
 def test_lab4_without_torchrun_is_lab_1(tmp_path):

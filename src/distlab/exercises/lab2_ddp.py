@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 
 import torch
@@ -24,11 +25,18 @@ def _ddp_state_dicts() -> dict:
     return {"wrapper": _cpu_copy(ddp.state_dict()), "inner": _cpu_copy(ddp.module.state_dict())}
 
 
+@functools.cache
+def _saved_by_ddp() -> dict:
+    """The two state dicts, saved once per process: a launch costs seconds, and each check
+    copies them before the reader's load sees them."""
+    return on_ranks(_ddp_state_dicts, 1, "saving a DDP model")[0]  # a real DDP wrapper, on one rank
+
+
 def check_loads_ddp_state(load: Callable) -> None:
     """``load(model, state)`` must put a state dict saved from a DDP wrapper (keys ``module.*``)
     into the plain GPT ``model``, every tensor, exactly."""
     require_callable(load, "load", "def load(model, state): ...")
-    saved = on_ranks(_ddp_state_dicts, 1, "saving a DDP model")[0]  # a real DDP wrapper, on one rank
+    saved = _saved_by_ddp()
     first_key = next(iter(saved["wrapper"]))
     # other weights than the saved ones: a load that skips a key shows
     model = gpt("tiny", seed=2)
