@@ -168,6 +168,16 @@ def page_times(cache_dir: Path, pages: list[Path] | None = None) -> list[tuple[s
     return sorted(times, key=lambda t: -(t[1] if t[1] is not None else float("inf")))
 
 
+def executed_page(cache_dir: Path, page: Path):
+    """The page as the build rendered it: its notebook with the cells and outputs of its
+    executed notebook in the cache. KeyError if the cache has none for its current code.
+    (Not ``jupyter_execute/<page>.ipynb``: for a page found in the cache, myst-nb 1.4 writes
+    the notebook as read, without execution counts or outputs.)"""
+    from jupyter_cache import get_cache
+
+    return get_cache(str(cache_dir)).merge_match_into_notebook(read_page(page))[1]
+
+
 def times_report(times: list[tuple[str, float | None]], budget: float = PAGE_BUDGET_S) -> str:
     """The per-page table a build prints: slowest first, the pages over budget marked."""
     known = [s for _, s in times if s is not None]
