@@ -194,7 +194,7 @@ def test_the_timing_rule_flags_assertions_on_durations(code):
         "assert run['tokens_per_s'] > 0 and len(run['step_s']) == 3",  # a duration is never negative
         "assert costs.tree_s(1e3, 64, a, bw) < costs.ring_s(1e3, 64, a, bw)",  # a formula on fixed inputs
         "assert full['time']['compute'] > sharded['time']['compute']",  # a compute figure of a model
-        "assert time.monotonic() - start < 40  # timing-ok: the launcher's own timeout is 60 s",
+        "assert waited_s >= 5  # timing-ok: a 5 s timeout cannot fire before its deadline",
         "assert {'loss', 'step_s'} <= metrics[0].keys()",
     ],
 )

@@ -17,8 +17,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+
+from distlab.infra.forked_torchrun import TORCHRUN, start_node
 
 # where in a save rank 0 waits; Checkpoints.save runs dcp.save, then writes train_state.json and renames
 STALLS = {
@@ -120,40 +120,43 @@ def torchrun_killing_a_rank(
 
     torchrun forks its workers from itself and runs the script in them (``--start-method=fork
     --run-path``): the same agent, rendezvous, store and restarts as with a fresh Python per
-    worker, without importing torch again in each of them (seconds of CPU per worker). It is
-    torchrun's own ``main``, in a Python that has also imported torch._dynamo (which a rank's
-    first optimizer step imports, a second of CPU each time), so that the workers start with it."""
+    worker, without importing torch again in each of them (seconds of CPU per worker). The
+    agent itself is forked from the launchers' forkserver (``distlab.infra.forked_torchrun``),
+    which has imported torch and torch._dynamo (which DDP imports), so the workers start with
+    them. They compute with the threads run_script gives its ranks, so that a run this
+    restarts computes like one that run_script ran, bit for bit."""
     start = time.monotonic()
     logs = tempfile.mkdtemp(prefix="torchrun-logs-")
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            _TORCHRUN_PRELOADED,
-            "--standalone",
-            f"--nproc-per-node={nprocs}",
-            f"--max-restarts={max_restarts}",
-            "--monitor-interval=0.1",
-            "--start-method=fork",
-            "--run-path",
-            "--tee=3",  # each rank's output into a file of its own (which names its rank), and on to ours
-            f"--log-dir={logs}",
-            str(script),
-            *map(str, args),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        # read when torch is imported (by the agent, here): the threads run_script gives its ranks,
-        # so that a run this restarts computes like one that run_script ran, bit for bit
-        env={"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nprocs)), **os.environ},
-    )
+    output = Path(logs) / "torchrun.out"
+    output.touch()
+    command = [
+        *TORCHRUN,
+        "--standalone",
+        f"--nproc-per-node={nprocs}",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.1",
+        "--start-method=fork",
+        "--run-path",
+        "--tee=3",  # each rank's output into a file of its own (which names its rank), and on to ours
+        f"--log-dir={logs}",
+        str(script),
+        *map(str, args),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nprocs))}
+    agent = start_node(command, output, output, env=env, cwd=os.getcwd())
     lines: list[tuple[float, str]] = []
+    finished = threading.Event()
 
-    def read() -> None:
-        for line in agent.stdout:
-            lines.append((time.monotonic() - start, _TEE_PREFIX.sub("", line.rstrip())))
+    def read() -> None:  # follow torchrun's output file as it grows, stamping each line
+        with open(output) as f:
+            while True:
+                line = f.readline()
+                if line.endswith("\n"):
+                    lines.append((time.monotonic() - start, _TEE_PREFIX.sub("", line.rstrip())))
+                elif finished.is_set():
+                    return
+                else:
+                    time.sleep(0.01)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -169,17 +172,18 @@ def torchrun_killing_a_rank(
             time.sleep(0.01)
         kill(victim)
         lines.append((time.monotonic() - start, f"KILLED rank {rank} (pid {victim}) with SIGKILL"))
-        agent.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
+        deadline = start + timeout
+        while agent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         if agent.poll() is None:
             os.killpg(agent.pid, signal.SIGKILL)  # the agent and every worker it started
             agent.wait()
+        finished.set()
         reader.join(timeout=10)
         shutil.rmtree(logs, ignore_errors=True)
     return agent.returncode, sorted(lines)
 
 
-# `torchrun ARGS`: the console script calls torch.distributed.run.main, which reads sys.argv
-_TORCHRUN_PRELOADED = "import torch._dynamo; from torch.distributed.run import main; main()"
 # torchrun --tee prefixes each line a rank writes with its role and local rank
 _TEE_PREFIX = re.compile(r"^\[default\d+\]:")

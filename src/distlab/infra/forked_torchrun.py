@@ -1,4 +1,5 @@
-"""Start a ``torchrun`` command without importing torch again: the nodes of the multi-node page.
+"""Start a ``torchrun`` command without importing torch again: the nodes of the multi-node page,
+the restarts of the fault-tolerance page.
 
     proc = start_node([*TORCHRUN, "--nnodes=2", ..., "-m", "pkg"], out_path, err_path, env, cwd)
     proc.pid, proc.poll(), proc.wait(), proc.returncode   # as subprocess.Popen's
@@ -56,6 +57,10 @@ def _torchrun_child(args: list[str], out: str, err: str, env: dict[str, str], cw
         stream.reconfigure(write_through=True)  # as PYTHONUNBUFFERED: nothing lost to a kill
     os.environ.clear()
     os.environ.update(env)
+    if "OMP_NUM_THREADS" in env:  # torch was imported before this variable was set: apply it
+        import torch  # (to this torchrun, and to the workers it forks with --start-method=fork)
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     os.chdir(cwd)
     tempfile.tempdir = None  # torchrun's log folder: under this node's TMPDIR, read again
     sys.argv = ["torchrun", *args]
