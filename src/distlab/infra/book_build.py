@@ -178,10 +178,12 @@ def executed_page(cache_dir: Path, page: Path):
     return get_cache(str(cache_dir)).merge_match_into_notebook(read_page(page))[1]
 
 
-def times_report(times: list[tuple[str, float | None]], budget: float = PAGE_BUDGET_S) -> str:
-    """The per-page table a build prints: slowest first, the pages over budget marked."""
+def times_report(times: list[tuple[str, float | None]], budget: float = PAGE_BUDGET_S, where: str = "") -> str:
+    """The per-page table a build prints: slowest first, the pages over budget marked. ``where``
+    says how the pages were executed, when not as ``make book`` does (the budget's conditions)."""
     known = [s for _, s in times if s is not None]
     lines = [f"page execution times (the build's critical path), slowest first; budget {budget:.0f} s a page"]
+    lines += [f"({where})"] if where else []
     for page, seconds in times:
         mark = "not in the cache" if seconds is None else ("OVER BUDGET" if seconds > budget else "")
         shown = "-" if seconds is None else f"{seconds:5.1f} s"
