@@ -174,6 +174,9 @@ def save_on_local_disks(root: str | Path, timeout: float = 180) -> dict[str, dic
             nproc_per_node=1,
             endpoint=endpoint,
             run_id="local-disks",
+            # each node forks its worker, which then starts with torch imported (the
+            # node itself is forked from a process that imported it: distlab.infra.forked_torchrun)
+            extra=["--start-method=fork", "--run-path"],
         )
         for out in outs.values()
     ]
