@@ -21,15 +21,6 @@ B = 8
 CFG = preset("tiny")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # the tiny model's kernels lose time to thread contention on a busy 2-core machine
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _batch():
     return torch.randint(0, CFG.vocab_size, (2, B, CFG.block_size), generator=torch.Generator().manual_seed(0))
 

@@ -27,16 +27,6 @@ from support.exercises import passes
 aten = torch.ops.aten
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # these models' kernels lose time to thread contention on a busy 2-core machine (two test
-    # workers, or a page beside the tests): one thread each is faster there
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _batch(cfg, batch, seed=0):
     return torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size), generator=torch.Generator().manual_seed(seed))
 
