@@ -1,7 +1,9 @@
-"""distlab: the code of the book, by role. Start here to find where a piece lives or goes.
+"""distlab: the code of the book, by role. Start here to find where a piece lives or
+goes.
 
-The training library (this folder's own modules): what the six lab scripts in ``src/labs/``
-import, and nothing else. An API for six scripts: change it and every lab's diff changes.
+The training library (this folder's own modules): what the six lab scripts in
+``src/labs/`` import, and nothing else. An API for six scripts: change it and every
+lab's diff changes.
 
     model       the GPT. Frozen: never changed for parallelism (a test holds its sha256)
     data        the corpus (Tiny Shakespeare ships in ``corpus/``), the tokenizer, batches by rank
@@ -42,9 +44,9 @@ Who may import whom (an arrow is "may import"; nothing imports upward):
     chapters/, exercises/  -> all of the above
     bench/                 -> all of the above
 
-Adding a chapter ``book/<page>.md``: its experiments go to ``chapters/<page>.py``, its tests to
-``tests/chapters/test_<page>.py``, its exercise checker (if it asks for code) to
-``exercises/<page>.py``; add the page to ``_toc.yml``. A mechanism built from scratch goes to
-``scratch/`` with a test that it equals PyTorch's. The house rules the tests enforce are in
-CONTRIBUTING.md.
+Adding a chapter ``book/<page>.md``: its experiments go to ``chapters/<page>.py``, its
+tests to ``tests/chapters/test_<page>.py``, its exercise checker (if it asks for code)
+to ``exercises/<page>.py``; add the page to ``_toc.yml``. A mechanism built from scratch
+goes to ``scratch/`` with a test that it equals PyTorch's. The house rules the tests
+enforce are in CONTRIBUTING.md.
 """

@@ -1,8 +1,8 @@
 """Command lines from config dataclasses, and one-line errors instead of tracebacks.
 
 Each lab keeps its whole configuration in one dataclass with a comment on every field;
-``parse_config`` turns the fields into ``--flags`` (the comment becomes the help text) and
-``run`` gives any ``UserError`` back as a single line and a non-zero exit.
+``parse_config`` turns the fields into ``--flags`` (the comment becomes the help text)
+and ``run`` gives any ``UserError`` back as a single line and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -33,31 +33,51 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def _field_comments(cls) -> dict[str, str]:
-    comments = {}
+    """Each field's help text: its trailing comment, else the comment lines just above."""
+    comments, above = {}, []
     for line in inspect.getsource(cls).splitlines():
-        match = re.match(r"\s*(\w+)\s*:[^#]*#\s*(.*)", line)
-        if match:
-            comments[match.group(1)] = match.group(2)
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("#").strip())
+            continue
+        match = re.match(r"\s*(\w+)\s*:[^#]*(?:#\s*(.*))?$", line)
+        if match and (match.group(2) or above):
+            comments[match.group(1)] = match.group(2) or " ".join(above)
+        above = []
     return comments
 
 
-def parse_config(cls: type[C], argv: list[str] | None = None, description: str = "") -> C:
+def parse_config(
+    cls: type[C], argv: list[str] | None = None, description: str = ""
+) -> C:
     """Build ``cls`` from the command line; each field is a ``--flag`` with its default."""
-    parser = _OneLineParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _OneLineParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     comments = _field_comments(cls)
     for field in dataclasses.fields(cls):
         flag = "--" + field.name.replace("_", "-")
         help_text = f"{comments.get(field.name, '')} (default: {field.default!r})"
         if field.type in (bool, "bool"):
             parser.add_argument(
-                flag, dest=field.name, default=field.default, help=help_text, action=argparse.BooleanOptionalAction
+                flag,
+                dest=field.name,
+                default=field.default,
+                help=help_text,
+                action=argparse.BooleanOptionalAction,
             )
         else:
             kind = {"int": int, "float": float, "str": str}.get(field.type, field.type)
             parser.add_argument(
-                flag, dest=field.name, default=field.default, type=kind, help=help_text, metavar=field.name.upper()
+                flag,
+                dest=field.name,
+                default=field.default,
+                type=kind,
+                help=help_text,
+                metavar=field.name.upper(),
             )
-    return cls(**vars(parser.parse_args(argv)))  # the dataclass validates in __post_init__
+    # the dataclass validates in __post_init__
+    return cls(**vars(parser.parse_args(argv)))
 
 
 def run(main: Callable[[], object], prog: str) -> None:

@@ -1,11 +1,12 @@
 """Tiny Shakespeare, character level: reading the text, encoding it, cutting batches.
 
 The text ships inside the package (``distlab/corpus/tinyshakespeare.txt``, declared as
-package data) and is checked against ``SHA256`` whenever it is read: no download, no cache,
-the same bytes on every machine, online or not. ``--data PATH`` on a lab's command line
-trains on any UTF-8 text file instead, a reader's own corpus, taken as it is. Either way the
-vocabulary is the set of characters of the text actually loaded (65 for Tiny Shakespeare),
-so code builds its model with ``vocab_size=token_data().vocab_size``, never a constant.
+package data) and is checked against ``SHA256`` whenever it is read: no download, no
+cache, the same bytes on every machine, online or not. ``--data PATH`` on a lab's
+command line trains on any UTF-8 text file instead, a reader's own corpus, taken as it
+is. Either way the vocabulary is the set of characters of the text actually loaded (65
+for Tiny Shakespeare), so code builds its model with
+``vocab_size=token_data().vocab_size``, never a constant.
 """
 
 from __future__ import annotations
@@ -26,25 +27,28 @@ SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 FILENAME = "tinyshakespeare.txt"
 PACKAGED_SOURCE = "tinyshakespeare (package data)"
 VAL_FRACTION = 0.1
-# the validation split (VAL_FRACTION of the text) must hold one window of the smallest preset:
-# block_size inputs plus the one target after them. A longer context needs more (gpt2: 10,250
-# characters); ``global_windows`` says so for the run that asks for it.
+# the validation split (VAL_FRACTION of the text) must hold one window of the smallest
+# preset: block_size inputs plus the one target after them. A longer context needs more
+# (gpt2: 10,250 characters); ``global_windows`` says so for the run that asks for it.
 MIN_CHARS = round((min(cfg.block_size for cfg in PRESETS.values()) + 1) / VAL_FRACTION)
 
 
 class DataError(UserError):
-    """The text cannot be had as asked (missing or unreadable file, corrupt package data)."""
+    """The text cannot be had as asked (missing or unreadable file, corrupt package
+    data)."""
 
 
 @dataclass(frozen=True)
 class Corpus:
     text: str
-    source: str  # where the text came from, for logs and summaries: a path or PACKAGED_SOURCE
+    # where the text came from, for logs and summaries: a path or PACKAGED_SOURCE
+    source: str
 
 
 def _packaged_file():
-    """The packaged copy, as importlib.resources finds it: in a wheel's install or a checkout.
-    One name per ``/``: not every Traversable of Python 3.11 takes several names in joinpath."""
+    """The packaged copy, as importlib.resources finds it: in a wheel's install or a
+    checkout. One name per ``/``: not every Traversable of Python 3.11 takes several
+    names in joinpath."""
     return resources.files("distlab") / "corpus" / FILENAME
 
 
@@ -54,19 +58,22 @@ def _read_packaged() -> str:
         raw = packaged.read_bytes()
     except OSError as error:
         raise DataError(
-            f"the packaged Tiny Shakespeare {packaged} cannot be read ({error}): reinstall distlab"
+            f"the packaged Tiny Shakespeare {packaged} cannot be read "
+            f"({error}): reinstall distlab"
         ) from error
     digest = hashlib.sha256(raw).hexdigest()
     if digest != SHA256:
         raise DataError(
-            f"the packaged Tiny Shakespeare {packaged} is corrupt: sha256 {digest[:12]}..., "
+            f"the packaged Tiny Shakespeare {packaged} is corrupt: sha256 "
+            f"{digest[:12]}..., "
             f"expected {SHA256[:12]}... (restore it from git, or reinstall distlab)"
         )
     return raw.decode("utf-8")
 
 
 def _read_user_file(path: Path) -> str:
-    """A reader's own corpus: any UTF-8 text long enough to cut windows from; no checksum."""
+    """A reader's own corpus: any UTF-8 text long enough to cut windows from; no
+    checksum."""
     if not path.exists():
         raise DataError(f"data file {path} does not exist")
     if not path.is_file():
@@ -79,18 +86,22 @@ def _read_user_file(path: Path) -> str:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise DataError(
-            f"data file {path} is not UTF-8 text: byte 0x{raw[error.start]:02x} at offset {error.start}"
+            f"data file {path} is not UTF-8 text: byte 0x{raw[error.start]:02x} "
+            f"at offset {error.start}"
         ) from error
     if len(text) < MIN_CHARS:
         raise DataError(
-            f"data file {path} has {len(text):,} characters; at least {MIN_CHARS:,} are needed "
-            f"(the {VAL_FRACTION:.0%} validation split must hold one window of the smallest preset)"
+            f"data file {path} has {len(text):,} characters; at least "
+            f"{MIN_CHARS:,} are needed "
+            f"(the {VAL_FRACTION:.0%} validation split must hold one window of "
+            "the smallest preset)"
         )
     return text
 
 
 def load_corpus(path: str | os.PathLike | None = None) -> Corpus:
-    """``path``: a UTF-8 text file of your own; None (or empty): the packaged Tiny Shakespeare."""
+    """``path``: a UTF-8 text file of your own; None (or empty): the packaged Tiny
+    Shakespeare."""
     if path:
         return Corpus(_read_user_file(Path(path)), str(path))
     return Corpus(_read_packaged(), PACKAGED_SOURCE)
@@ -115,7 +126,8 @@ class CharTokenizer:
 
 
 def _stream_seed(seed: int, split: str, step: int) -> int:
-    # hashlib, not hash(): Python salts str hashes per process, and every rank must agree
+    # hashlib, not hash(): Python salts str hashes per process, and every rank must
+    # agree
     digest = hashlib.blake2b(f"{seed}/{split}/{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # manual_seed takes 63 bits
 
@@ -138,7 +150,8 @@ class TokenData:
 
     @property
     def vocab_size(self) -> int:
-        """Distinct characters of the loaded text: the model's embedding and output size."""
+        """Distinct characters of the loaded text: the model's embedding and output
+        size."""
         return self.tokenizer.vocab_size
 
     def global_windows(
@@ -148,8 +161,10 @@ class TokenData:
         ids = self.splits[split]
         if len(ids) <= block_size:
             raise DataError(
-                f"the {split} split has {len(ids):,} tokens, too few for one window of {block_size + 1:,} "
-                f"(block_size {block_size} + 1): use a text of at least {round((block_size + 1) / VAL_FRACTION):,} "
+                f"the {split} split has {len(ids):,} tokens, too few for one "
+                f"window of {block_size + 1:,} "
+                f"(block_size {block_size} + 1): use a text of at least "
+                f"{round((block_size + 1) / VAL_FRACTION):,} "
                 "characters, or a preset with a shorter context"
             )
         # a generator per (seed, split, step): no state to carry, so resuming is trivial
@@ -171,18 +186,26 @@ class TokenData:
         world_size: int = 1,
         device: torch.device | str = "cpu",
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's rows of the global batch of ``step``, each (B/N, T), on ``device``."""
+        """This rank's rows of the global batch of ``step``, each (B/N, T), on
+        ``device``."""
         if global_batch % world_size:
-            raise DataError(f"global batch {global_batch} does not split over {world_size} ranks")
+            raise DataError(
+                f"global batch {global_batch} does not split over {world_size} ranks"
+            )
         # --- begin rank rows ---
         x, y = self.global_windows(split, step, global_batch, block_size, seed)
-        rows = slice(rank * global_batch // world_size, (rank + 1) * global_batch // world_size)
-        return x[rows].to(device, non_blocking=True), y[rows].to(device, non_blocking=True)
+        rows = slice(
+            rank * global_batch // world_size, (rank + 1) * global_batch // world_size
+        )
+        return x[rows].to(device, non_blocking=True), y[rows].to(
+            device, non_blocking=True
+        )
         # --- end rank rows ---
 
 
 @functools.cache
 def token_data(path: str | None = None) -> TokenData:
-    """The corpus at ``path`` (default: the packaged Tiny Shakespeare), read and encoded once
-    per process: the one data object every chapter experiment and benchmark shares."""
+    """The corpus at ``path`` (default: the packaged Tiny Shakespeare), read and encoded
+    once per process: the one data object every chapter experiment and benchmark shares.
+    """
     return TokenData(load_corpus(path))

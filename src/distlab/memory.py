@@ -27,20 +27,26 @@ def _bytes(t: torch.Tensor) -> int:
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes this rank holds in parameters, gradients and optimizer state, from the tensors."""
+    """Bytes this rank holds in parameters, gradients and optimizer state, from the
+    tensors."""
     params = list(model.parameters())  # deduplicated: a tied matrix counts once
     out = {
         "params": sum(_bytes(p) for p in params),
         "grads": sum(_bytes(p.grad) for p in params if p.grad is not None),
         "optimizer": sum(
-            _bytes(v) for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+            _bytes(v)
+            for state in optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor)
         ),
     }
     out["total"] = sum(out.values())
     return out
 
 
-def adamw_state_bytes_formula(n_params: int, n_tensors: int, bytes_per_el: int = 4) -> dict[str, int]:
+def adamw_state_bytes_formula(
+    n_params: int, n_tensors: int, bytes_per_el: int = 4
+) -> dict[str, int]:
     """fp32 AdamW: weights 4N, gradients 4N, two moments 8N (16 bytes per parameter),
     plus AdamW's 4-byte ``step`` counter per parameter tensor."""
     out = {
@@ -52,7 +58,9 @@ def adamw_state_bytes_formula(n_params: int, n_tensors: int, bytes_per_el: int =
     return out
 
 
-def saved_activation_bytes(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, autocast=None) -> int:
+def saved_activation_bytes(
+    model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, autocast=None
+) -> int:
     """Bytes autograd keeps from one forward pass for the backward pass.
 
     Every tensor saved for backward passes through the pack hook; we count each
@@ -77,25 +85,36 @@ def saved_activation_bytes(model: nn.Module, idx: torch.Tensor, targets: torch.T
     return sum(storages.values())
 
 
-def activation_bytes_formula(cfg: GPTConfig, batch: int, seq_len: int, value_bytes: int = 4) -> dict[str, int]:
-    """Saved activations of ``GPT(cfg)``, worked out tensor by tensor, for a model computing in
-    fp32 (``value_bytes=4``) or with bf16 parameters (2: FSDP2's ``param_dtype=bf16``).
+def activation_bytes_formula(
+    cfg: GPTConfig, batch: int, seq_len: int, value_bytes: int = 4
+) -> dict[str, int]:
+    """Saved activations of ``GPT(cfg)``, worked out tensor by tensor, for a model
+    computing in fp32 (``value_bytes=4``) or with bf16 parameters (2: FSDP2's
+    ``param_dtype=bf16``).
 
-    Per block, in units of B*T*C values: the LayerNorm 1 input (1), its output as the qkv
-    input (1), the qkv output that attention keeps as q, k, v (3), the attention output
-    (1; the head merge ``transpose(1, 2).contiguous()`` copies nothing, because the
-    fused attention kernel already lays its output out as (B, T, H, C/H)), the LayerNorm 2
-    input (1) and output (1), the MLP's hidden before GELU (4) and after it (4): 16 BTC.
-    Small terms: each LayerNorm's mean and 1/std (2BT each), attention's log-sum-exp
-    (B*H*T, always fp32). Outside the blocks: the final LayerNorm's input, output and
-    statistics (2BTC + 2BT), the log-softmax of the logits (BTV, fp32 in both cases: the loss is
-    computed from ``logits.float()``), the int64 token ids, positions and targets, and the
-    loss's 4-byte weight sum. (With bf16 inputs the CPU keeps LayerNorm's statistics in bf16,
-    as counted here; CUDA keeps them in fp32, 2BT bytes more per LayerNorm.)
+    Per block, in units of B*T*C values: the LayerNorm 1 input (1), its output as the
+    qkv input (1), the qkv output that attention keeps as q, k, v (3), the attention
+    output (1; the head merge ``transpose(1, 2).contiguous()`` copies nothing, because
+    the fused attention kernel already lays its output out as (B, T, H, C/H)), the
+    LayerNorm 2 input (1) and output (1), the MLP's hidden before GELU (4) and after it
+    (4): 16 BTC. Small terms: each LayerNorm's mean and 1/std (2BT each), attention's
+    log-sum-exp (B*H*T, always fp32). Outside the blocks: the final LayerNorm's input,
+    output and statistics (2BTC + 2BT), the log-softmax of the logits (BTV, fp32 in both
+    cases: the loss is computed from ``logits.float()``), the int64 token ids, positions
+    and targets, and the loss's 4-byte weight sum. (With bf16 inputs the CPU keeps
+    LayerNorm's statistics in bf16, as counted here; CUDA keeps them in fp32, 2BT bytes
+    more per LayerNorm.)
     """
     if value_bytes not in (2, 4):
         raise ValueError(f"value_bytes is 4 (fp32) or 2 (bf16), got {value_bytes!r}")
-    B, T, C, V, H, L = batch, seq_len, cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.n_layer
+    B, T, C, V, H, L = (
+        batch,
+        seq_len,
+        cfg.n_embd,
+        cfg.vocab_size,
+        cfg.n_head,
+        cfg.n_layer,
+    )
     w, fp32 = value_bytes, 4
     per_block = w * (16 * B * T * C + 2 * 2 * B * T) + fp32 * B * H * T
     head = w * (2 * B * T * C + 2 * B * T) + fp32 * B * T * V
@@ -109,18 +128,22 @@ def activation_bytes_formula(cfg: GPTConfig, batch: int, seq_len: int, value_byt
 
 
 def tracker_snapshot(tracker, when: str, device: torch.device) -> dict:
-    """``tracker.get_tracker_snapshot(when)`` ("current" or "peak") for one device: {kind: bytes}.
+    """``tracker.get_tracker_snapshot(when)`` ("current" or "peak") for one device:
+    {kind: bytes}.
 
-    PyTorch's memory trackers (``MemTracker``, ``FSDPMemTracker``) keep a breakdown per device.
-    A step on a GPU also makes CPU tensors (AdamW keeps its ``step`` counters on the CPU unless
-    it is fused or capturable: ``_init_group`` in ``torch/optim/adam.py``), which the tracker
-    files under the CPU; so read the device the model lives on, not the snapshot's first.
+    PyTorch's memory trackers (``MemTracker``, ``FSDPMemTracker``) keep a breakdown per
+    device. A step on a GPU also makes CPU tensors (AdamW keeps its ``step`` counters on
+    the CPU unless it is fused or capturable: ``_init_group`` in
+    ``torch/optim/adam.py``), which the tracker files under the CPU; so read the device
+    the model lives on, not the snapshot's first.
     """
     snapshot = tracker.get_tracker_snapshot(when)
     device = torch.device(device)
     if device not in snapshot:
         seen = ", ".join(map(str, snapshot)) or "none"
-        raise ValueError(f"the memory tracker saw no tensors on {device} (devices it saw: {seen})")
+        raise ValueError(
+            f"the memory tracker saw no tensors on {device} (devices it saw: {seen})"
+        )
     return snapshot[device]
 
 
@@ -129,13 +152,14 @@ def device_memory_peaks(device: torch.device | str) -> dict[str, int]:
     ``torch.cuda.reset_peak_memory_stats``), in bytes; ``{}`` off CUDA.
 
     ``cuda_max_memory_allocated``: the most bytes that tensors occupied at once.
-    ``cuda_max_memory_reserved``: the most bytes PyTorch's caching allocator held from the CUDA
-    driver at once, which is never less. The allocator keeps the blocks that freed tensors
-    leave, to reuse them without asking the driver again, and carves tensors out of larger
-    segments, so gaps between them stay reserved. Reserved is what ``nvidia-smi`` roughly
-    sees of PyTorch; it shows more, since it also counts the CUDA context and what libraries
-    allocate past the allocator (PyTorch's CUDA notes, "Memory management";
-    ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` in ``torch/cuda/memory.py``).
+    ``cuda_max_memory_reserved``: the most bytes PyTorch's caching allocator held from
+    the CUDA driver at once, which is never less. The allocator keeps the blocks that
+    freed tensors leave, to reuse them without asking the driver again, and carves
+    tensors out of larger segments, so gaps between them stay reserved. Reserved is what
+    ``nvidia-smi`` roughly sees of PyTorch; it shows more, since it also counts the CUDA
+    context and what libraries allocate past the allocator (PyTorch's CUDA notes,
+    "Memory management"; ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved``
+    in ``torch/cuda/memory.py``).
     """
     device = torch.device(device)
     if device.type != "cuda":
@@ -146,18 +170,26 @@ def device_memory_peaks(device: torch.device | str) -> dict[str, int]:
     }
 
 
-def activation_peak_bytes(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> dict[str, int]:
-    """Activations of one forward and backward, measured by PyTorch's ``MemTracker``: ``saved``,
-    the bytes it counts as activations when forward ends, and ``peak``, the most bytes of
-    activations and backward temporaries alive at once, sampled after every operator. The
-    tracker's own peak snapshot is taken when *all* memory peaks, gradients included; this is
-    the peak of the activations themselves. The logits are dropped at once (``model(x, y)[1]``)."""
+def activation_peak_bytes(
+    model: nn.Module, idx: torch.Tensor, targets: torch.Tensor
+) -> dict[str, int]:
+    """Activations of one forward and backward, measured by PyTorch's ``MemTracker``:
+    ``saved``, the bytes it counts as activations when forward ends, and ``peak``, the
+    most bytes of activations and backward temporaries alive at once, sampled after
+    every operator. The tracker's own peak snapshot is taken when *all* memory peaks,
+    gradients included; this is the peak of the activations themselves. The logits are
+    dropped at once (``model(x, y)[1]``)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     def activations(snapshot: dict) -> int:
-        return sum(n for kind, n in snapshot.items() if str(kind).rsplit(".", 1)[-1] in ("ACT", "TEMP"))
+        return sum(
+            n
+            for kind, n in snapshot.items()
+            if str(kind).rsplit(".", 1)[-1] in ("ACT", "TEMP")
+        )
 
-    device = next(model.parameters()).device  # only its bytes: a GPU step makes a few CPU tensors too
+    # only its bytes: a GPU step makes a few CPU tensors too
+    device = next(model.parameters()).device
 
     class SampledTracker(MemTracker):  # private API of torch 2.13, as StepMemory's
         most = 0
@@ -187,8 +219,8 @@ _KINDS = {
     "OPT": "optimizer",
     "OTH": "other",
     "Total": "total",
-    # FSDPMemTracker's own: a rank's shards, the whole tensors it gathers for a while, and
-    # the buffers of the collectives themselves
+    # FSDPMemTracker's own: a rank's shards, the whole tensors it gathers for a while,
+    # and the buffers of the collectives themselves
     "SHARDED_PARAM": "sharded_params",
     "UNSHARDED_PARAM": "unsharded_params",
     "SHARDED_GRAD": "sharded_grads",
@@ -200,7 +232,8 @@ _KINDS = {
 
 
 class StepMemory:
-    """Peak bytes by kind during one training step of a lab, from PyTorch's memory tracker.
+    """Peak bytes by kind during one training step of a lab, from PyTorch's memory
+    tracker.
 
         memory = StepMemory(model, optimizer, enabled=cfg.track_memory)
         for step in ...:
@@ -209,16 +242,19 @@ class StepMemory:
             memory.end()
         memory.peak  # {"params": ..., "grads": ..., "optimizer": ..., "activations": ..., "total": ...}
 
-    ``MemTracker`` (``FSDPMemTracker`` for an FSDP2 model) attributes every tensor this rank
-    allocates to parameters, gradients, optimizer state, activations or temporaries, on CPU
-    and GPU alike (private APIs of torch 2.13). It slows the step it watches, so this watches
-    the second step a run makes, which the labs leave out of their timing; the first would
-    miss AdamW's state, which is created lazily. ``peak`` is the moment this rank held the
-    most bytes on the model's device, split by kind (the kinds add up to ``total``); the caching
-    allocator's own peaks over the whole run are ``device_memory_peaks``. Disabled, it does nothing.
+    ``MemTracker`` (``FSDPMemTracker`` for an FSDP2 model) attributes every tensor this
+    rank allocates to parameters, gradients, optimizer state, activations or
+    temporaries, on CPU and GPU alike (private APIs of torch 2.13). It slows the step it
+    watches, so this watches the second step a run makes, which the labs leave out of
+    their timing; the first would miss AdamW's state, which is created lazily. ``peak``
+    is the moment this rank held the most bytes on the model's device, split by kind
+    (the kinds add up to ``total``); the caching allocator's own peaks over the whole
+    run are ``device_memory_peaks``. Disabled, it does nothing.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, enabled: bool = True):
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, enabled: bool = True
+    ):
         self.model, self.optimizer, self.enabled = model, optimizer, enabled
         self.peak: dict[str, int] = {}
         self._steps_seen = 0
@@ -228,10 +264,11 @@ class StepMemory:
         self._steps_seen += 1
         if self.enabled and self._steps_seen == 2:
             self._tracker = self._make_tracker()
-            # the tracker refuses a second forward of the whole model within its context (it
-            # takes it for the next iteration), but with gradient accumulation a step has one
-            # per micro-batch: forget the per-module statistics (we do not read them) before
-            # each. A global hook registered first runs before the tracker's own.
+            # the tracker refuses a second forward of the whole model within its context
+            # (it takes it for the next iteration), but with gradient accumulation a
+            # step has one per micro-batch: forget the per-module statistics (we do not
+            # read them) before each. A global hook registered first runs before the
+            # tracker's own.
             self._reset_hook = register_module_forward_pre_hook(self._before_forward)
             self._tracker.__enter__()
 
@@ -244,16 +281,22 @@ class StepMemory:
             return
         self._tracker.__exit__(None, None, None)
         self._reset_hook.remove()
-        by_kind = tracker_snapshot(self._tracker, "peak", next(self.model.parameters()).device)
+        by_kind = tracker_snapshot(
+            self._tracker, "peak", next(self.model.parameters()).device
+        )
         self._tracker = None
-        self.peak = {_KINDS.get(str(kind).rsplit(".", 1)[-1], str(kind)): int(n) for kind, n in by_kind.items()}
+        self.peak = {
+            _KINDS.get(str(kind).rsplit(".", 1)[-1], str(kind)): int(n)
+            for kind, n in by_kind.items()
+        }
 
     def _make_tracker(self):
         from torch.distributed.fsdp import FSDPModule
 
         optimizer = self.optimizer
         while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
-            optimizer = optimizer.optimizer  # Accelerate's wrapper: the trackers hook the real one
+            # Accelerate's wrapper: the trackers hook the real one
+            optimizer = optimizer.optimizer
 
         if isinstance(self.model, FSDPModule):
             from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker

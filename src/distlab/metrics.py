@@ -1,5 +1,5 @@
-"""What a run writes: ``metrics.jsonl`` (a line per logged step) and ``summary.json``; and
-``LogWindow``, which decides the logged steps and times the steps between them."""
+"""What a run writes: ``metrics.jsonl`` (a line per logged step) and ``summary.json``;
+and ``LogWindow``, which decides the logged steps and times the steps between them."""
 
 from __future__ import annotations
 
@@ -42,29 +42,45 @@ class LogWindow:
     """The steps between two log points, timed with one host sync at each end.
 
     On a GPU the host only queues kernels. Reading a value back (``loss.item()``) or
-    ``synchronize`` makes it wait until the queue has run, so a read every step leaves the
-    GPU idle while Python prepares the next step. Between log points the lab keeps the loss
-    and the gradient norm on the device; at a log point it reads them once and ``close``
-    turns them into the record: the loss of that step, the tokens/s of the whole window.
+    ``synchronize`` makes it wait until the queue has run, so a read every step leaves
+    the GPU idle while Python prepares the next step. Between log points the lab keeps
+    the loss and the gradient norm on the device; at a log point it reads them once and
+    ``close`` turns them into the record: the loss of that step, the tokens/s of the
+    whole window.
 
-    Log points: every ``log_every``-th step, each of the first ``warmup`` steps of a start
-    (allocation and compilation: they are timed alone and left out of ``tokens_per_s``),
-    the steps that evaluate and the last step. With ``log_every`` 1 every step is one.
+    Log points: every ``log_every``-th step, each of the first ``warmup`` steps of a
+    start (allocation and compilation: they are timed alone and left out of
+    ``tokens_per_s``), the steps that evaluate and the last step. With ``log_every`` 1
+    every step is one.
     """
 
-    def __init__(self, device: torch.device, tokens_per_step: int, start_step: int, steps: int, log_every: int):
+    def __init__(
+        self,
+        device: torch.device,
+        tokens_per_step: int,
+        start_step: int,
+        steps: int,
+        log_every: int,
+    ):
         if log_every < 1:
             raise UserError(f"--log-every must be 1 or more, got {log_every}")
-        self.device, self.tokens_per_step, self.log_every = device, tokens_per_step, log_every
+        self.device, self.tokens_per_step, self.log_every = (
+            device,
+            tokens_per_step,
+            log_every,
+        )
         self.start_step, self.steps, self.warmup = start_step, steps, 2
-        self.first: int | None = None  # the first step of the open window; None: none is open
+        # the first step of the open window; None: none is open
+        self.first: int | None = None
         self.started = 0.0
-        self.timed_steps, self.timed_seconds = 0, 0.0  # the steps after warm-up, for the summary
+        # the steps after warm-up, for the summary
+        self.timed_steps, self.timed_seconds = 0, 0.0
 
     def open(self, step: int) -> None:
         """Call before each step: the first step after a log point starts the clock."""
         if self.first is None:
-            synchronize(self.device)  # work queued before (an evaluation, a checkpoint) is not this window's
+            # work queued before (an evaluation, a checkpoint) is not this window's
+            synchronize(self.device)
             self.first, self.started = step, time.perf_counter()
 
     def is_log_point(self, step: int, evaluating: bool = False) -> bool:
@@ -76,24 +92,41 @@ class LogWindow:
         )
 
     def close(self, step: int, loss: float, **fields) -> dict:
-        """End the window at ``step``, a log point (one host sync), and return its record:
-        the step, its ``loss``, ``fields`` (lr, grad_norm), then tokens/s and seconds per
-        step over the window. A loss that is not finite ends the run here."""
+        """End the window at ``step``, a log point (one host sync), and return its
+        record: the step, its ``loss``, ``fields`` (lr, grad_norm), then tokens/s and
+        seconds per step over the window. A loss that is not finite ends the run here.
+        """
         synchronize(self.device)
         seconds = time.perf_counter() - self.started
         n_steps, first = step - self.first + 1, self.first
         self.first = None
-        if first >= self.start_step + self.warmup or self.steps - self.start_step <= self.warmup:
-            self.timed_steps, self.timed_seconds = self.timed_steps + n_steps, self.timed_seconds + seconds
+        if (
+            first >= self.start_step + self.warmup
+            or self.steps - self.start_step <= self.warmup
+        ):
+            self.timed_steps, self.timed_seconds = (
+                self.timed_steps + n_steps,
+                self.timed_seconds + seconds,
+            )
         if not math.isfinite(loss):
-            raise UserError(f"loss is {loss} at step {step}: training diverged (try a lower --lr)")
+            raise UserError(
+                f"loss is {loss} at step {step}: training diverged (try a lower --lr)"
+            )
         tokens_per_s = self.tokens_per_step * n_steps / seconds
-        return {"step": step, "loss": loss, **fields, "tokens_per_s": tokens_per_s, "step_s": seconds / n_steps}
+        return {
+            "step": step,
+            "loss": loss,
+            **fields,
+            "tokens_per_s": tokens_per_s,
+            "step_s": seconds / n_steps,
+        }
 
     @property
     def tokens_per_s(self) -> float:
         """Tokens per second over the warmed-up steps; nan if no step ran."""
-        return self.tokens_per_step * self.timed_steps / (self.timed_seconds or math.nan)
+        return (
+            self.tokens_per_step * self.timed_steps / (self.timed_seconds or math.nan)
+        )
 
 
 def read_metrics(out_dir: str | Path) -> list[dict]:

@@ -1,9 +1,9 @@
 """Parallelism applied to a model from outside, so ``model.py`` never changes.
 
 Order matters when several are combined (torchtitan's rule, which the labs follow):
-activation checkpointing first (``apply_activation_checkpointing``), then ``torch.compile``
-(``apply_compile``), then the data-parallel wrapper (FSDP2's ``fully_shard``); DDP wraps the
-finished module last of all.
+activation checkpointing first (``apply_activation_checkpointing``), then
+``torch.compile`` (``apply_compile``), then the data-parallel wrapper (FSDP2's
+``fully_shard``); DDP wraps the finished module last of all.
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ AC_MODES = ("none", "full", "selective")
 
 
 def _ops(*names: str) -> tuple:
-    aten = torch.ops.aten  # attention kernels differ by device and build; keep those this torch has
+    # attention kernels differ by device and build; keep those this torch has
+    aten = torch.ops.aten
     return tuple(getattr(aten, name).default for name in names if hasattr(aten, name))
 
 
 # Outputs worth keeping: matrix products and attention (most of the FLOPs to recompute).
-# Named as OpOverloads (``aten.addmm.default``): the policy sees those, never ``aten.addmm``.
-# A Linear with a bias on a (B, T, C) input runs ``addmm``; without a bias, ``mm``.
+# Named as OpOverloads (``aten.addmm.default``): the policy sees those, never
+# ``aten.addmm``. A Linear with a bias on a (B, T, C) input runs ``addmm``; without a
+# bias, ``mm``.
 SAVE_MATMULS_AND_ATTENTION = _ops(
     "mm",
     "addmm",
@@ -40,17 +42,27 @@ SAVE_MATMULS_AND_ATTENTION = _ops(
 
 
 def save_ops_policy(save_ops=SAVE_MATMULS_AND_ATTENTION) -> Callable:
-    """A selective-checkpointing policy: keep the outputs of ``save_ops`` from the forward
-    pass, recompute everything else (LayerNorm, GELU, additions: cheap pointwise work)."""
+    """A selective-checkpointing policy: keep the outputs of ``save_ops`` from the
+    forward pass, recompute everything else (LayerNorm, GELU, additions: cheap pointwise
+    work)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     not_overloads = [op for op in save_ops if not isinstance(op, torch._ops.OpOverload)]
-    if not_overloads:  # an OpOverloadPacket never equals the op the policy is shown: it would match nothing
-        raise TypeError(f"name ops with their overload, e.g. torch.ops.aten.mm.default, not {not_overloads}")
+    # an OpOverloadPacket never equals the op the policy is shown: it would match
+    # nothing
+    if not_overloads:
+        raise TypeError(
+            "name ops with their overload, e.g. torch.ops.aten.mm.default, not "
+            f"{not_overloads}"
+        )
     save = frozenset(save_ops)
 
     def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+        return (
+            CheckpointPolicy.MUST_SAVE
+            if op in save
+            else CheckpointPolicy.PREFER_RECOMPUTE
+        )
 
     return policy
 
@@ -60,28 +72,38 @@ def apply_activation_checkpointing(
 ) -> nn.Module:
     """Checkpoint every ``every``-th transformer block of ``model``, in place.
 
-    ``full``: a checkpointed block keeps only its input from the forward pass and runs its
-    forward again inside the backward pass. ``selective``: it also keeps what ``policy``
-    says to save (default: ``save_ops_policy()``) and recomputes only the rest.
-    ``none`` leaves the model alone. Gradients are unchanged in every mode.
+    ``full``: a checkpointed block keeps only its input from the forward pass and runs
+    its forward again inside the backward pass. ``selective``: it also keeps what
+    ``policy`` says to save (default: ``save_ops_policy()``) and recomputes only the
+    rest. ``none`` leaves the model alone. Gradients are unchanged in every mode.
 
     Apply it before ``fully_shard``/DDP, so each FSDP unit is a checkpointed block.
-    ``checkpoint_wrapper`` is non-reentrant and restores the RNG state for the recompute;
-    its parameter names gain a ``_checkpoint_wrapped_module.`` part, which its state-dict
-    hooks (and DCP's) strip, so checkpoints and ``model.pt`` keep the plain model's keys.
+    ``checkpoint_wrapper`` is non-reentrant and restores the RNG state for the
+    recompute; its parameter names gain a ``_checkpoint_wrapped_module.`` part, which
+    its state-dict hooks (and DCP's) strip, so checkpoints and ``model.pt`` keep the
+    plain model's keys.
     """
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        checkpoint_wrapper,
+    )
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     if mode not in AC_MODES:
-        raise ValueError(f"unknown activation checkpointing mode {mode!r}; choose one of {', '.join(AC_MODES)}")
+        raise ValueError(
+            f"unknown activation checkpointing mode {mode!r}; choose one of "
+            f"{', '.join(AC_MODES)}"
+        )
     if every < 1:
-        raise ValueError(f"every must be 1 or more (checkpoint every k-th block), got {every}")
+        raise ValueError(
+            f"every must be 1 or more (checkpoint every k-th block), got {every}"
+        )
     if mode == "none":
         return model
     kwargs = {}
     if mode == "selective":
-        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy or save_ops_policy())
+        kwargs["context_fn"] = functools.partial(
+            create_selective_checkpoint_contexts, policy or save_ops_policy()
+        )
     for i, block in enumerate(model.blocks):
         if i % every == 0:
             model.blocks[i] = checkpoint_wrapper(block, **kwargs)
@@ -95,22 +117,23 @@ def apply_activation_checkpointing(
 def apply_compile(model: nn.Module, **compile_kwargs) -> nn.Module:
     """Compile each transformer block of ``model`` with ``torch.compile``, in place.
 
-    Per block, as torchtitan does: the blocks are the repeated work, and they are alike, so
-    one compiled graph serves all of them (measured with torch 2.13: one graph for a
-    12-block GPT); the embeddings, the head and the loss stay eager. ``nn.Module.compile``
-    compiles a module's call and leaves the module itself in place
-    (``torch/nn/modules/module.py``), so parameter names, ``state_dict`` keys, checkpoints
-    and ``model.pt`` stay the plain model's; putting
-    ``torch.compile(block)``, an ``OptimizedModule``, in its place would add ``_orig_mod.``
-    to every key. After activation checkpointing, a block is its checkpoint wrapper and is
-    compiled with the recompute inside; before sharding, FSDP2's hooks then run around the
-    compiled block, outside the graph: ``nn.Module.compile`` wraps ``_call_impl``, hooks
-    included, but Dynamo skips that frame (``torch.nn`` is in its skip list,
-    ``torch/_dynamo/trace_rules.py``) and compiles the block's ``forward`` frame, so the hooks
-    run eagerly, with no graph break (``book/fsdp_compile.md`` counts the graphs); where Dynamo
-    does trace into an FSDP2 hook, it is ``_dynamo_disable``d (``_fsdp_common.py`` in
-    ``torch/distributed/fsdp/_fully_shard/``). Compiling happens at the first call, not here:
-    the first steps take longer (the labs time them apart).
+    Per block, as torchtitan does: the blocks are the repeated work, and they are alike,
+    so one compiled graph serves all of them (measured with torch 2.13: one graph for a
+    12-block GPT); the embeddings, the head and the loss stay eager.
+    ``nn.Module.compile`` compiles a module's call and leaves the module itself in place
+    (``torch/nn/modules/module.py``), so parameter names, ``state_dict`` keys,
+    checkpoints and ``model.pt`` stay the plain model's; putting
+    ``torch.compile(block)``, an ``OptimizedModule``, in its place would add
+    ``_orig_mod.`` to every key. After activation checkpointing, a block is its
+    checkpoint wrapper and is compiled with the recompute inside; before sharding,
+    FSDP2's hooks then run around the compiled block, outside the graph:
+    ``nn.Module.compile`` wraps ``_call_impl``, hooks included, but Dynamo skips that
+    frame (``torch.nn`` is in its skip list, ``torch/_dynamo/trace_rules.py``) and
+    compiles the block's ``forward`` frame, so the hooks run eagerly, with no graph
+    break (``book/fsdp_compile.md`` counts the graphs); where Dynamo does trace into an
+    FSDP2 hook, it is ``_dynamo_disable``d (``_fsdp_common.py`` in
+    ``torch/distributed/fsdp/_fully_shard/``). Compiling happens at the first call, not
+    here: the first steps take longer (the labs time them apart).
     """
     for block in model.blocks:
         block.compile(**compile_kwargs)
@@ -145,28 +168,30 @@ def apply_fsdp(
     A block's parameters are all-gathered just before its forward and (with
     ``reshard_after_forward``, ZeRO-3) freed right after it, then gathered again for its
     backward, where its gradients are reduce-scattered. The root unit holds what is left
-    (embeddings, final LayerNorm; the head is tied to the token embedding) and stays gathered
-    from its forward to its backward. ``fully_shard`` changes the model in place: its
-    parameters become DTensors holding this rank's shard.
+    (embeddings, final LayerNorm; the head is tied to the token embedding) and stays
+    gathered from its forward to its backward. ``fully_shard`` changes the model in
+    place: its parameters become DTensors holding this rank's shard.
 
-    ``param_dtype``: the FSDP2 labs' one mixed-precision mechanism (no autocast): parameters
-    are all-gathered in this dtype (bf16), so forward and backward compute in it, while the
-    sharded parameters (the master weights), the gradient reduce-scatter and the optimizer
-    stay fp32. ``mesh``: a 1-D mesh shards over all ranks (the default); a 2-D mesh
-    ("replicate", "shard") is hybrid sharding.
-    ``check_weights``: first check that every rank holds the same weights (``fully_shard``
-    neither broadcasts nor checks them; see ``check_same_weights``).
+    ``param_dtype``: the FSDP2 labs' one mixed-precision mechanism (no autocast):
+    parameters are all-gathered in this dtype (bf16), so forward and backward compute in
+    it, while the sharded parameters (the master weights), the gradient reduce-scatter
+    and the optimizer stay fp32. ``mesh``: a 1-D mesh shards over all ranks (the
+    default); a 2-D mesh ("replicate", "shard") is hybrid sharding. ``check_weights``:
+    first check that every rank holds the same weights (``fully_shard`` neither
+    broadcasts nor checks them; see ``check_same_weights``).
 
-    Without a ``mesh``, the 1-D mesh is built on the device in use: ``device`` if given, else
-    the device of the model's parameters. Move first, shard second, as with DDP: the
-    parameters then already say where training runs, and no second argument can disagree
-    with them. FSDP2's own default would instead follow ``torch._C._get_accelerator()``, a
-    CUDA mesh whenever a GPU is visible, whatever ``--device`` chose
-    (``_init_default_mesh`` in ``torch/distributed/fsdp/_fully_shard/_fsdp_init.py``). A
-    model on the ``meta`` device has no device yet: pass ``device``, where its shards will live.
-    ``offload_policy``: FSDP2's ``CPUOffloadPolicy`` for every unit (shards, gradients and the
-    optimizer step in CPU memory; ``book/fsdp_prefetch_offload.md``); build the model on the CPU
-    and pass ``device`` then, since the parameters no longer say where training runs.
+    Without a ``mesh``, the 1-D mesh is built on the device in use: ``device`` if given,
+    else the device of the model's parameters. Move first, shard second, as with DDP:
+    the parameters then already say where training runs, and no second argument can
+    disagree with them. FSDP2's own default would instead follow
+    ``torch._C._get_accelerator()``, a CUDA mesh whenever a GPU is visible, whatever
+    ``--device`` chose (``_init_default_mesh`` in
+    ``torch/distributed/fsdp/_fully_shard/_fsdp_init.py``). A model on the ``meta``
+    device has no device yet: pass ``device``, where its shards will live.
+    ``offload_policy``: FSDP2's ``CPUOffloadPolicy`` for every unit (shards, gradients
+    and the optimizer step in CPU memory; ``book/fsdp_prefetch_offload.md``); build the
+    model on the CPU and pass ``device`` then, since the parameters no longer say where
+    training runs.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -174,16 +199,21 @@ def apply_fsdp(
         check_same_weights(model)
     if mesh is None:
         mesh = _mesh_on(device or _parameters_device(model))
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
+    mp = (
+        MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        if param_dtype
+        else None
+    )
     kwargs = {"mesh": mesh} if mp is None else {"mesh": mesh, "mp_policy": mp}
     if offload_policy is not None:
         kwargs["offload_policy"] = offload_policy
     for block in model.blocks:
         fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
-    # The root never reshards after forward: backward starts with the head (tied to the token
-    # embedding), so freeing it would only gather it again at once. Left unset, FSDP2 makes
-    # the same choice for the root (_lazy_init in torch/distributed/fsdp/_fully_shard/
-    # _fsdp_state.py); an explicit True on the root is honoured, and costs an all-gather.
+    # The root never reshards after forward: backward starts with the head (tied to the
+    # token embedding), so freeing it would only gather it again at once. Left unset,
+    # FSDP2 makes the same choice for the root (_lazy_init in
+    # torch/distributed/fsdp/_fully_shard/ _fsdp_state.py); an explicit True on the root
+    # is honoured, and costs an all-gather.
     fully_shard(model, reshard_after_forward=False, **kwargs)
     return model
 
@@ -192,32 +222,44 @@ def _parameters_device(model: nn.Module) -> torch.device:
     devices = {p.device for p in model.parameters()}
     if len(devices) != 1 or next(iter(devices)).type == "meta":
         found = ", ".join(sorted(map(str, devices))) or "no parameters"
-        raise ValueError(f"apply_fsdp builds its mesh on the parameters' device, and found {found}: pass device=")
+        raise ValueError(
+            "apply_fsdp builds its mesh on the parameters' device, and found "
+            f"{found}: pass device="
+        )
     return devices.pop()
 
 
 def _mesh_on(device: torch.device):
-    """A 1-D mesh over every rank of the default group, on ``device``'s type (cpu: gloo's CPU
-    tensors; cuda: NCCL's GPU tensors, each rank on its current device)."""
+    """A 1-D mesh over every rank of the default group, on ``device``'s type (cpu:
+    gloo's CPU tensors; cuda: NCCL's GPU tensors, each rank on its current device)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     return init_device_mesh(device.type, (dist.get_world_size(),))
 
 
-def first_differing_parameter(model: nn.Module, group=None) -> tuple[int, str, float, float] | None:
-    """(rank, parameter name, its sum there, rank 0's sum) of the first parameter that differs
-    from rank 0's, or None. A collective: every rank of ``group`` calls it.
+def first_differing_parameter(
+    model: nn.Module, group=None
+) -> tuple[int, str, float, float] | None:
+    """(rank, parameter name, its sum there, rank 0's sum) of the first parameter that
+    differs from rank 0's, or None. A collective: every rank of ``group`` calls it.
 
     Compares two fp64 checksums per parameter (sum and sum of squares) in one small
-    all-gather, on the parameters' own device (NCCL gathers only GPU tensors). Equal sums do
-    not prove equal weights, but a different seed, or replicas that drift apart, change them.
+    all-gather, on the parameters' own device (NCCL gathers only GPU tensors). Equal
+    sums do not prove equal weights, but a different seed, or replicas that drift apart,
+    change them.
     """
     import torch.distributed as dist
 
     named = list(model.named_parameters())
-    mine = torch.stack([torch.stack([p.detach().double().sum(), p.detach().double().square().sum()]) for _, p in named])
-    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]  # (n_params, 2) each
+    mine = torch.stack(
+        [
+            torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
+            for _, p in named
+        ]
+    )
+    # (n_params, 2) each
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(everyone, mine, group=group)
     everyone = [t.cpu() for t in everyone]
     for rank, theirs in enumerate(everyone):
@@ -229,21 +271,25 @@ def first_differing_parameter(model: nn.Module, group=None) -> tuple[int, str, f
 
 
 def check_same_weights(model: nn.Module, group=None) -> None:
-    """Raise ``UserError`` unless every rank of ``group`` holds the same (unsharded) weights.
+    """Raise ``UserError`` unless every rank of ``group`` holds the same (unsharded)
+    weights.
 
     DDP broadcasts rank 0's weights when it wraps a model; ``fully_shard`` does not, and
-    does not compare them either: each rank keeps its own slice of whatever it built, and
-    ranks that built different weights train, without an error, a model none of them
+    does not compare them either: each rank keeps its own slice of whatever it built,
+    and ranks that built different weights train, without an error, a model none of them
     built. Call it before sharding (a collective: every rank calls it); it compares
-    checksums (``first_differing_parameter``). Nothing to compare with one rank, or on the
-    meta device (no values yet).
+    checksums (``first_differing_parameter``). Nothing to compare with one rank, or on
+    the meta device (no values yet).
     """
     import torch.distributed as dist
 
     from distlab.errors import UserError
 
     named = list(model.named_parameters())
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+    if (
+        not (dist.is_available() and dist.is_initialized())
+        or dist.get_world_size(group) == 1
+    ):
         return
     if any(p.is_meta for _, p in named):
         return
@@ -251,8 +297,10 @@ def check_same_weights(model: nn.Module, group=None) -> None:
     if differing:
         rank, name, _, _ = differing
         raise UserError(
-            f"rank {rank}'s {name!r} differs from rank 0's before sharding: build the model from the same "
-            "seed (or load the same weights) on every rank; fully_shard neither broadcasts nor checks them"
+            f"rank {rank}'s {name!r} differs from rank 0's before sharding: "
+            "build the model from the same "
+            "seed (or load the same weights) on every rank; fully_shard neither "
+            "broadcasts nor checks them"
         )
 
 
@@ -261,7 +309,8 @@ def no_gradient_sync(model: nn.Module):
     """FSDP2's counterpart of DDP's ``no_sync()``: backward inside the block keeps the
     gradients unsharded and local, with no reduce-scatter; the next backward outside it
     reduce-scatters the accumulated sum. The unsharded gradients cost a full copy of the
-    gradients per rank while they accumulate (FSDP2's ``set_requires_gradient_sync``)."""
+    gradients per rank while they accumulate (FSDP2's ``set_requires_gradient_sync``).
+    """
     model.set_requires_gradient_sync(False)
     try:
         yield
@@ -272,8 +321,14 @@ def no_gradient_sync(model: nn.Module):
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole, unsharded state dict on the CPU of rank 0 (empty on the other ranks).
 
-    A collective: every rank must call it. The keys are the plain model's, so lab 1 loads it.
+    A collective: every rank must call it. The keys are the plain model's, so lab 1
+    loads it.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )

@@ -46,7 +46,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def setup(rank: int, world_size: int, port: int | None, device: str = "auto") -> torch.device:
+def setup(
+    rank: int, world_size: int, port: int | None, device: str = "auto"
+) -> torch.device:
     # spawn: one machine, so local rank == rank; torchrun says it in LOCAL_RANK
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     device = pick_device(device, local_rank)
@@ -60,7 +62,8 @@ def setup(rank: int, world_size: int, port: int | None, device: str = "auto") ->
         init_method=f"tcp://127.0.0.1:{port}" if port else "env://",
         rank=rank,
         world_size=world_size,
-        timeout=timedelta(seconds=60),  # a missing rank or collective errors, never hangs
+        # a missing rank or collective errors, never hangs
+        timeout=timedelta(seconds=60),
     )
     return device
 
@@ -69,7 +72,13 @@ def cleanup() -> None:
     dist.destroy_process_group()
 
 
-def train(rank: int, world_size: int, port: int | None, steps: int = 5, device_request: str = "auto") -> None:
+def train(
+    rank: int,
+    world_size: int,
+    port: int | None,
+    steps: int = 5,
+    device_request: str = "auto",
+) -> None:
     device = setup(rank, world_size, port, device_request)
     try:
         data = TokenData(load_corpus())
@@ -82,7 +91,16 @@ def train(rank: int, world_size: int, port: int | None, steps: int = 5, device_r
         losses = []
         for step in range(steps):
             # rows [rank*B/N, (rank+1)*B/N) of the global batch of this step
-            x, y = data.batch("train", step, GLOBAL_BATCH, cfg.block_size, SEED, rank, world_size, device)
+            x, y = data.batch(
+                "train",
+                step,
+                GLOBAL_BATCH,
+                cfg.block_size,
+                SEED,
+                rank,
+                world_size,
+                device,
+            )
             _, loss = model(x, y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP all-reduces the gradients here
@@ -90,30 +108,50 @@ def train(rank: int, world_size: int, port: int | None, steps: int = 5, device_r
             losses.append(loss.item())
         # one write per line (end included), so the ranks' lines never interleave
         print(
-            f"rank {rank}/{world_size} ({dist.get_backend()}, {device}): {steps} steps on "
+            f"rank {rank}/{world_size} ({dist.get_backend()}, {device}): "
+            f"{steps} steps on "
             f"{x.shape[0]} of {GLOBAL_BATCH} rows each, "
             f"loss {losses[0]:.4f} -> {losses[-1]:.4f}\n",
             end="",
             flush=True,
         )
     finally:
-        model = None  # free DDP before its group: destroyed from DDP's side, gloo can hang (debugging chapter)
+        # free DDP before its group: destroyed from DDP's side, gloo can hang (debugging
+        # chapter)
+        model = None
         cleanup()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     default_nprocs = torch.cuda.device_count() or 2
-    parser.add_argument("--nprocs", type=int, default=default_nprocs, help="ranks to start")
+    parser.add_argument(
+        "--nprocs", type=int, default=default_nprocs, help="ranks to start"
+    )
     parser.add_argument("--steps", type=int, default=5, help="training steps")
-    parser.add_argument("--device", default="auto", help="auto (a GPU per rank if any), cpu or cuda")
+    parser.add_argument(
+        "--device", default="auto", help="auto (a GPU per rank if any), cpu or cuda"
+    )
     args = parser.parse_args()
     if "LOCAL_RANK" in os.environ:  # torchrun started this process and set the env vars
-        train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), None, args.steps, args.device)
+        train(
+            int(os.environ["RANK"]),
+            int(os.environ["WORLD_SIZE"]),
+            None,
+            args.steps,
+            args.device,
+        )
         return
     port = free_port()
     # train must be importable by name: spawn pickles a reference to it, not its code
-    mp.spawn(train, args=(args.nprocs, port, args.steps, args.device), nprocs=args.nprocs, join=True)
+    mp.spawn(
+        train,
+        args=(args.nprocs, port, args.steps, args.device),
+        nprocs=args.nprocs,
+        join=True,
+    )
 
 
 if __name__ == "__main__":

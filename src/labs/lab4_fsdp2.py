@@ -1,7 +1,9 @@
-r"""Lab 4: lab 3 + FSDP2. Parameters, gradients and optimizer state are sharded over the ranks.
+r"""Lab 4: lab 3 + FSDP2. Parameters, gradients and optimizer state are sharded over the
+ranks.
 
-Each rank keeps 1/N of every parameter (a DTensor shard), all-gathers a block's just before use
-and frees it after; gradients are reduce-scattered: each rank steps AdamW on its shard only.
+Each rank keeps 1/N of every parameter (a DTensor shard), all-gathers a block's just
+before use and frees it after; gradients are reduce-scattered: each rank steps AdamW on
+its shard only.
 
 Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces one):
     torchrun --standalone --nproc-per-node=2 src/labs/lab4_fsdp2.py --preset tiny --checkpoint-every 50
@@ -13,8 +15,8 @@ Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces 
     # without torchrun it is one process that accumulates B / micro_batch_size micro-batches
     python src/labs/lab4_fsdp2.py --preset tiny --micro-batch-size 4
 
-It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the
-trained weights, OUT/model.pt; with --checkpoint-every, OUT/checkpoints/step_NNNNNN.
+It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the trained
+weights, OUT/model.pt; with --checkpoint-every, OUT/checkpoints/step_NNNNNN.
 """
 
 from __future__ import annotations
@@ -33,60 +35,105 @@ from distlab.checkpoint import Checkpoints, load_plain_weights, save_plain_weigh
 from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
 from distlab.errors import UserError
-from distlab.flops import FLOPS_FORMULA, describe_mfu, device_name, flops_per_token, utilisation
+from distlab.flops import (
+    FLOPS_FORMULA,
+    describe_mfu,
+    device_name,
+    flops_per_token,
+    utilisation,
+)
 from distlab.memory import StepMemory, device_memory_peaks, state_bytes
 from distlab.metrics import LogWindow, RunLog
 from distlab.model import GPT, PRESETS, count_parameters, preset
-from distlab.parallel import apply_compile, apply_fsdp, full_state_dict, no_gradient_sync
+from distlab.parallel import (
+    apply_compile,
+    apply_fsdp,
+    full_state_dict,
+    no_gradient_sync,
+)
 from distlab.runtime import DTYPES, dist_env, init_distributed, pick_device, use_tf32
 
 
 @dataclass
 class TrainConfig:
-    """Every field is a --flag (batch_size: --batch-size) and its comment is the --help text.
+    """Every field is a --flag (batch_size: --batch-size) and its comment is the --help
+    text.
 
-    Suggested for a GPU benchmark (not measured here): --device cuda --preset gpt2 --dtype bf16
-    --compile --log-every 10, --batch-size 16 per GPU (the global batch: 16 x the ranks; labs 3-6:
-    --micro-batch-size 16 too).
+    Suggested for a GPU benchmark (not measured here): --device cuda --preset gpt2
+    --dtype bf16 --compile --log-every 10, --batch-size 16 per GPU (the global batch: 16
+    x the ranks; labs 3-6: --micro-batch-size 16 too).
     """
 
-    preset: str = "tiny"  # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2 (85.89M, GPUs)
+    # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2 (85.89M,
+    # GPUs)
+    preset: str = "tiny"
     steps: int = 200  # optimizer steps
-    batch_size: int = 16  # global batch: sequences per optimizer step, all ranks together
-    micro_batch_size: int = 4  # sequences per forward/backward on one rank (what memory allows)
-    sync_every_micro_batch: bool = False  # all-reduce after every micro-batch (to measure no_sync)
+    # global batch: sequences per optimizer step, all ranks together
+    batch_size: int = 16
+    # sequences per forward/backward on one rank (what memory allows)
+    micro_batch_size: int = 4
+    # all-reduce after every micro-batch (to measure no_sync)
+    sync_every_micro_batch: bool = False
     lr: float = 1e-3  # peak learning rate, reached after warm-up
     min_lr: float = 1e-4  # the cosine decay ends here
     warmup_steps: int = 20  # linear warm-up from 0 to lr
     weight_decay: float = 0.1  # AdamW decoupled weight decay, on matrices only
-    grad_clip: float = 1.0  # clip the global gradient norm to this (0 turns clipping off)
+    # clip the global gradient norm to this (0 turns clipping off)
+    grad_clip: float = 1.0
     eval_every: int = 100  # validation loss every N steps, and always at the end
     eval_batches: int = 8  # batches averaged into one validation loss
-    log_every: int = 1  # log (and sync with the host) every N steps; between logs the loss stays on the device
-    dtype: str = "fp32"  # fp32, or bf16 compute (FSDP2 MixedPrecisionPolicy, no autocast; shards, AdamW stay fp32)
-    tf32: bool = False  # let fp32 matmuls on CUDA use TF32 tensor cores (10-bit mantissa); no effect on CPU
+    # log (and sync with the host) every N steps; between logs the loss stays on the
+    # device
+    log_every: int = 1
+    # fp32, or bf16 compute (FSDP2 MixedPrecisionPolicy, no autocast; shards, AdamW stay
+    # fp32)
+    dtype: str = "fp32"
+    # let fp32 matmuls on CUDA use TF32 tensor cores (10-bit mantissa); no effect on CPU
+    tf32: bool = False
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda
-    compile: bool = False  # torch.compile each transformer block; the first steps compile (slow)
+    # torch.compile each transformer block; the first steps compile (slow)
+    compile: bool = False
     seed: int = 1337  # model initialisation and the order of batches
-    data: str = ""  # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
-    init_from: str = ""  # start from these weights: a plain model.pt (lab outputs, or a converted checkpoint)
+    # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
+    data: str = ""
+    # start from these weights: a plain model.pt (lab outputs, or a converted
+    # checkpoint)
+    init_from: str = ""
     out: str = "runs/lab4"  # directory for metrics.jsonl, summary.json and model.pt
-    checkpoint_every: int = 0  # save model, optimizer, step and RNG to OUT/checkpoints every N steps (0: never)
-    keep_checkpoints: int = 3  # keep the newest N checkpoints, delete older ones (0: keep all)
-    resume: str = ""  # go on from a checkpoint: its step_NNNNNN folder, latest, or auto (latest if any, else step 0)
+    # save model, optimizer, step and RNG to OUT/checkpoints every N steps (0: never)
+    checkpoint_every: int = 0
+    # keep the newest N checkpoints, delete older ones (0: keep all)
+    keep_checkpoints: int = 3
+    # go on from a checkpoint: its step_NNNNNN folder, latest, or auto (latest if any,
+    # else step 0)
+    resume: str = ""
     sample_chars: int = 200  # characters to sample from the trained model (0: none)
-    timeout_s: float = 120.0  # a collective that waits longer than this fails instead of hanging
+    # a collective that waits longer than this fails instead of hanging
+    timeout_s: float = 120.0
     progress: bool = True  # a progress bar on the main rank
-    track_memory: bool = False  # peak bytes by kind in the 2nd step (PyTorch's MemTracker; slows that step)
+    # peak bytes by kind in the 2nd step (PyTorch's MemTracker; slows that step)
+    track_memory: bool = False
 
     def __post_init__(self):
-        require_positive(self, "batch_size", "micro_batch_size", "eval_every", "eval_batches", "log_every")
-        if self.steps < 0:  # 0 is allowed: evaluate and sample the initial (or --init-from) weights
+        require_positive(
+            self,
+            "batch_size",
+            "micro_batch_size",
+            "eval_every",
+            "eval_batches",
+            "log_every",
+        )
+        # 0 is allowed: evaluate and sample the initial (or --init-from) weights
+        if self.steps < 0:
             raise UserError(f"--steps must be 0 or more, got {self.steps}")
         if self.preset not in PRESETS:
-            raise UserError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+            raise UserError(
+                f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}"
+            )
         if self.dtype not in DTYPES:
-            raise UserError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+            raise UserError(
+                f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}"
+            )
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -94,18 +141,25 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (
+        1 + math.cos(math.pi * min(progress, 1.0))
+    )
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    # decay the matrices; leave biases and LayerNorm gains alone (as GPT-2 and nanoGPT do)
+    # decay the matrices; leave biases and LayerNorm gains alone (as GPT-2 and nanoGPT
+    # do)
     params = list(model.parameters())
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {
+            "params": [p for p in params if p.dim() >= 2],
+            "weight_decay": cfg.weight_decay,
+        },
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    # fused: one kernel for the whole update instead of the default (a loop over the tensors on a
-    # CPU, foreach kernels on a GPU); the single-device chapter times both on this model
+    # fused: one kernel for the whole update instead of the default (a loop over the
+    # tensors on a CPU, foreach kernels on a GPU); the single-device chapter times both
+    # on this model
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)
 
 
@@ -114,10 +168,14 @@ def evaluate(model, data, cfg, block_size, rank, world_size, device) -> float:
     model.eval()
     total = torch.zeros((), device=device)
     for i in range(cfg.eval_batches):  # the same validation batches every time
-        x, y = data.batch("val", i, cfg.batch_size, block_size, cfg.seed, rank, world_size, device)
-        _, loss = model(x, y)  # with --dtype bf16, FSDP2 computes in bf16 (its MixedPrecisionPolicy)
+        x, y = data.batch(
+            "val", i, cfg.batch_size, block_size, cfg.seed, rank, world_size, device
+        )
+        # with --dtype bf16, FSDP2 computes in bf16 (its MixedPrecisionPolicy)
+        _, loss = model(x, y)
         total += loss.float()
-    dist.all_reduce(total)  # sum over ranks (gloo has no AVG), so every rank logs the same mean
+    # sum over ranks (gloo has no AVG), so every rank logs the same mean
+    dist.all_reduce(total)
     mean = total / (cfg.eval_batches * world_size)
     model.train()
     return mean.item()
@@ -127,7 +185,8 @@ def main() -> None:
     cfg = parse_config(TrainConfig, description=__doc__)
     rank, local_rank, world_size = dist_env()  # from torchrun; (0, 0, 1) without it
     is_main = rank == 0
-    if cfg.batch_size % (world_size * cfg.micro_batch_size):  # before any collective: all ranks stop
+    # before any collective: all ranks stop
+    if cfg.batch_size % (world_size * cfg.micro_batch_size):
         raise UserError(
             f"--batch-size {cfg.batch_size} is not a multiple of {world_size} ranks x "
             f"--micro-batch-size {cfg.micro_batch_size}"
@@ -142,27 +201,42 @@ def main() -> None:
     model_cfg = preset(cfg.preset, vocab_size=data.tokenizer.vocab_size)
     T = model_cfg.block_size
     model = GPT(model_cfg, seed=cfg.seed).to(device)
-    if cfg.init_from:  # before any wrapper, while the keys and shapes are the plain model's
+    # before any wrapper, while the keys and shapes are the plain model's
+    if cfg.init_from:
         load_plain_weights(model, cfg.init_from)
-    if cfg.compile:  # after checkpointing, before DDP or sharding; in place: the names stay the plain model's
+    # after checkpointing, before DDP or sharding; in place: the names stay the plain
+    # model's
+    if cfg.compile:
         apply_compile(model)
-    # apply_fsdp first checks that every rank built the same weights: fully_shard neither broadcasts nor checks
-    model = apply_fsdp(model, param_dtype=None if cfg.dtype == "fp32" else DTYPES[cfg.dtype])
-    # the optimizer comes after: fully_shard replaced each parameter by a new one holding a DTensor shard
+    # apply_fsdp first checks that every rank built the same weights: fully_shard
+    # neither broadcasts nor checks
+    model = apply_fsdp(
+        model, param_dtype=None if cfg.dtype == "fp32" else DTYPES[cfg.dtype]
+    )
+    # the optimizer comes after: fully_shard replaced each parameter by a new one
+    # holding a DTensor shard
     optimizer = make_optimizer(model, cfg)
     checkpoints = Checkpoints(cfg, model, optimizer)
-    start_step = checkpoints.resume()  # with --resume: model, optimizer, RNG loaded, else 0
+    # with --resume: model, optimizer, RNG loaded, else 0
+    start_step = checkpoints.resume()
     if is_main:
         print(f"config: {asdict(cfg)}")
-        print(f"model: {count_parameters(model):,} parameters, data: {corpus.source}, device: {device}")
+        print(
+            f"model: {count_parameters(model):,} parameters, data: "
+            f"{corpus.source}, device: {device}"
+        )
 
     log = RunLog(cfg.out, enabled=is_main)
     tokens_per_step = cfg.batch_size * T
-    window = LogWindow(device, tokens_per_step, start_step, cfg.steps, cfg.log_every)  # steps between logs
+    # steps between logs
+    window = LogWindow(device, tokens_per_step, start_step, cfg.steps, cfg.log_every)
     train_loss = val_loss = float("nan")  # stay nan if no step runs (--steps 0)
-    state = {}  # bytes of parameters, gradients and optimizer state, after the first step
-    memory = StepMemory(model, optimizer, enabled=cfg.track_memory)  # peak bytes by kind, if asked
-    # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line there
+    # bytes of parameters, gradients and optimizer state, after the first step
+    state = {}
+    # peak bytes by kind, if asked
+    memory = StepMemory(model, optimizer, enabled=cfg.track_memory)
+    # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line
+    # there
     bar = tqdm(
         range(start_step, cfg.steps),
         disable=not (is_main and cfg.progress),
@@ -177,49 +251,74 @@ def main() -> None:
 
         memory.begin()
         # --- begin train step ---
-        x, y = data.batch("train", step, cfg.batch_size, T, cfg.seed, rank, world_size, device)
+        x, y = data.batch(
+            "train", step, cfg.batch_size, T, cfg.seed, rank, world_size, device
+        )
         loss = torch.zeros((), device=device)
-        for micro, (xm, ym) in enumerate(zip(x.split(cfg.micro_batch_size), y.split(cfg.micro_batch_size))):
+        for micro, (xm, ym) in enumerate(
+            zip(x.split(cfg.micro_batch_size), y.split(cfg.micro_batch_size))
+        ):
             last = micro == accum_steps - 1
-            # no sync: gradients accumulate unsharded on each rank; the last backward reduce-scatters their sum
-            with contextlib.nullcontext() if last or cfg.sync_every_micro_batch else no_gradient_sync(model):
-                _, micro_loss = model(xm, ym)  # no autocast: the loss is fp32 (from logits.float())
-                (micro_loss / accum_steps).backward()  # the mean over micro-batches, as one batch
+            # no sync: gradients accumulate unsharded on each rank; the last backward
+            # reduce-scatters their sum
+            with (
+                contextlib.nullcontext()
+                if last or cfg.sync_every_micro_batch
+                else no_gradient_sync(model)
+            ):
+                # no autocast: the loss is fp32 (from logits.float())
+                _, micro_loss = model(xm, ym)
+                # the mean over micro-batches, as one batch
+                (micro_loss / accum_steps).backward()
             loss += micro_loss.detach() / accum_steps
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            model.parameters(), cfg.grad_clip or math.inf
+        )
         optimizer.step()
-        if not state:  # every gradient and AdamW buffer exists now, and their sizes are fixed
+        # every gradient and AdamW buffer exists now, and their sizes are fixed
+        if not state:
             state = state_bytes(model, optimizer)
         optimizer.zero_grad(set_to_none=True)
         # --- end train step ---
         memory.end()
 
         evaluating = (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1
-        if window.is_log_point(step, evaluating):  # in between, the loss stays on the device: no wait
+        # in between, the loss stays on the device: no wait
+        if window.is_log_point(step, evaluating):
             mean_loss = loss.clone()
-            dist.all_reduce(mean_loss)  # this rank's loss is on its B/N rows; log the global mean
+            # this rank's loss is on its B/N rows; log the global mean
+            dist.all_reduce(mean_loss)
             train_loss = mean_loss.item() / world_size  # waits for the step to finish
-            record = window.close(step, train_loss, lr=lr, grad_norm=grad_norm.item())  # ends a diverged run
+            # ends a diverged run
+            record = window.close(step, train_loss, lr=lr, grad_norm=grad_norm.item())
             if evaluating:
                 val_loss = evaluate(model, data, cfg, T, rank, world_size, device)
                 record["val_loss"] = val_loss
             log.log(**record)
-            bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}", refresh=False)
-        checkpoints.maybe_save(step)  # every --checkpoint-every steps; each rank writes its own shards
+            bar.set_postfix(
+                loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}", refresh=False
+            )
+        # every --checkpoint-every steps; each rank writes its own shards
+        checkpoints.maybe_save(step)
 
-    if math.isnan(val_loss):  # no step ran (--steps 0): evaluate the weights we started from
+    # no step ran (--steps 0): evaluate the weights we started from
+    if math.isnan(val_loss):
         val_loss = evaluate(model, data, cfg, T, rank, world_size, device)
     tokens_per_s = window.tokens_per_s  # of the steps after warm-up; nan if no step ran
     flops = flops_per_token(model_cfg) * tokens_per_s / world_size  # per device
-    cuda_peaks = device_memory_peaks(device)  # training's peaks: the matmul timed next allocates its own
-    mfu = utilisation(flops, device, DTYPES[cfg.dtype])  # of the matmul peak timed now, all ranks at once
+    # training's peaks: the matmul timed next allocates its own
+    cuda_peaks = device_memory_peaks(device)
+    # of the matmul peak timed now, all ranks at once
+    mfu = utilisation(flops, device, DTYPES[cfg.dtype])
     sample = ""
-    weights = full_state_dict(model)  # every rank takes part; rank 0 gets the whole model, on the CPU
+    # every rank takes part; rank 0 gets the whole model, on the CPU
+    weights = full_state_dict(model)
     if is_main and cfg.sample_chars:
         prompt = data.tokenizer.encode("\n").view(1, 1).to(device)
         gen = torch.Generator(device).manual_seed(cfg.seed)
         plain = GPT(model_cfg).to(device)
-        plain.load_state_dict(weights)  # sampling runs on rank 0 alone: a sharded model cannot
+        # sampling runs on rank 0 alone: a sharded model cannot
+        plain.load_state_dict(weights)
         out = plain.generate(prompt, cfg.sample_chars, generator=gen)
         sample = data.tokenizer.decode(out[0].tolist())
         print(f"sample:\n{sample}")
@@ -245,7 +344,9 @@ def main() -> None:
         "flops_per_token": flops_per_token(model_cfg),
         "flops_formula": FLOPS_FORMULA,
         "achieved_flops_per_s": flops,
-        **mfu,  # peak_flops_per_s, mfu (None above 1: that peak was no peak), the datasheet MFU on GPUs
+        # peak_flops_per_s, mfu (None above 1: that peak was no peak), the datasheet MFU
+        # on GPUs
+        **mfu,
         "data": corpus.source,
         "torch": torch.__version__,
         "config": asdict(cfg),
@@ -254,9 +355,14 @@ def main() -> None:
     log.summary(**summary)
     log.close()
     if is_main:
-        save_plain_weights(weights, Path(cfg.out) / "model.pt")  # plain keys and tensors: lab 1 loads it
-        print(f"tokens/s {tokens_per_s:,.0f}  {describe_mfu(mfu)}  final loss {train_loss:.4f}  val {val_loss:.4f}")
-    # the model holds the group: freed after the group is destroyed, gloo can hang (book: Debugging)
+        # plain keys and tensors: lab 1 loads it
+        save_plain_weights(weights, Path(cfg.out) / "model.pt")
+        print(
+            f"tokens/s {tokens_per_s:,.0f}  {describe_mfu(mfu)}  final loss "
+            f"{train_loss:.4f}  val {val_loss:.4f}"
+        )
+    # the model holds the group: freed after the group is destroyed, gloo can hang
+    # (book: Debugging)
     del model, checkpoints, memory  # each of them holds the model
     dist.destroy_process_group()  # the last reference, dropped here
 

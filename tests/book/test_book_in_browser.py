@@ -1,12 +1,14 @@
-"""The built book as a reader sees it: every page of the table of contents in headless Chromium.
+"""The built book as a reader sees it: every page of the table of contents in headless
+Chromium.
 
-One crawl loads every page once, reads it at a desktop and at a phone-sized viewport, writes a
-screenshot of each to _build/screenshots/{desktop,phone}/ (or $DISTLAB_SCREENSHOTS) for a person
-to look at, opens the first exercise answer, and records what the browser saw; the per-page
-tests assert on that record. The other tests drive a page: search, and the two widgets, which
-must work without a Python kernel.
+One crawl loads every page once, reads it at a desktop and at a phone-sized viewport,
+writes a screenshot of each to _build/screenshots/{desktop,phone}/ (or
+$DISTLAB_SCREENSHOTS) for a person to look at, opens the first exercise answer, and
+records what the browser saw; the per-page tests assert on that record. The other tests
+drive a page: search, and the two widgets, which must work without a Python kernel.
 
-The build is the strict one of test_notebooks.py, shared through the `built_book` fixture."""
+The build is the strict one of test_notebooks.py, shared through the `built_book`
+fixture."""
 
 from __future__ import annotations
 
@@ -21,10 +23,21 @@ from playwright.sync_api import expect, sync_playwright
 
 from distlab.infra.book_build import toc_pages
 from distlab.infra.paths import REPO_ROOT
-from support.browser import CHROMIUM_ARGS, DESKTOP, PHONE, chromium_path, serve, visit_all
+from support.browser import (
+    CHROMIUM_ARGS,
+    DESKTOP,
+    PHONE,
+    chromium_path,
+    serve,
+    visit_all,
+)
 
-PAGES = [p.relative_to(REPO_ROOT / "book").with_suffix("").as_posix() for p in toc_pages()]
-SCREENSHOTS = Path(os.environ.get("DISTLAB_SCREENSHOTS", REPO_ROOT / "_build" / "screenshots"))
+PAGES = [
+    p.relative_to(REPO_ROOT / "book").with_suffix("").as_posix() for p in toc_pages()
+]
+SCREENSHOTS = Path(
+    os.environ.get("DISTLAB_SCREENSHOTS", REPO_ROOT / "_build" / "screenshots")
+)
 
 # Waiting for the other xdist worker's book build counts against a test's setup.
 pytestmark = pytest.mark.timeout(2400)
@@ -35,18 +48,23 @@ def site(built_book):
     """(base URL of the served build, html folder, playwright Browser)."""
     proc, build = built_book
     if proc.returncode != 0:
-        pytest.fail("the strict book build failed; see test_strict_build_passes_and_writes_every_page")
+        pytest.fail(
+            "the strict book build failed; see "
+            "test_strict_build_passes_and_writes_every_page"
+        )
     html = build / "html"
     with serve(html) as base, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        browser = pw.chromium.launch(
+            executable_path=chromium_path(), args=CHROMIUM_ARGS
+        )
         try:
             yield base, html, browser
         finally:
             browser.close()
 
 
-# What the per-page tests need beyond the generic record: the last section's heading, and each
-# diff's line counts, colours and header.
+# What the per-page tests need beyond the generic record: the last section's heading,
+# and each diff's line counts, colours and header.
 _FACTS = r"""() => {
   const headings = Array.from(document.querySelectorAll("article section > h2"));
   const colour = (e) => e ? getComputedStyle(e).color : null;
@@ -65,15 +83,19 @@ _FACTS = r"""() => {
 
 
 def page_facts(page) -> dict:
-    """Run on each crawled page after its screenshots: _FACTS, then open the first exercise
-    answer the way a reader does, by clicking it."""
+    """Run on each crawled page after its screenshots: _FACTS, then open the first
+    exercise answer the way a reader does, by clicking it."""
     facts = page.evaluate(_FACTS)
-    section = page.locator("article section", has=page.locator("h2", has_text="Exercises")).last
+    section = page.locator(
+        "article section", has=page.locator("h2", has_text="Exercises")
+    ).last
     answers = section.locator(".dropdown")
     facts["answers"] = answers.count()
     facts["solutions"] = section.locator("details.above-input").evaluate_all(
-        "ds => ds.map(d => ({open: d.open, summary: d.querySelector('summary').innerText.trim(),"
-        " output: (d.parentElement.querySelector('.cell_output') || {innerText: ''}).innerText}))"
+        "ds => ds.map(d => ({open: d.open, summary: "
+        "d.querySelector('summary').innerText.trim(),"
+        " output: (d.parentElement.querySelector('.cell_output') || {innerText: "
+        "''}).innerText}))"
     )
     if facts["answers"]:
         body = answers.first.locator("> :not(.admonition-title)").first
@@ -92,12 +114,19 @@ def crawl(site):
     """Every page, loaded once and read at both viewports: {page: {"desktop": Visit,
     "phone": Visit, "facts": page_facts(...)}}."""
     base, _, _ = site
-    return visit_all(base, PAGES, {"desktop": DESKTOP, "phone": PHONE}, SCREENSHOTS, inspect=page_facts)
+    return visit_all(
+        base,
+        PAGES,
+        {"desktop": DESKTOP, "phone": PHONE},
+        SCREENSHOTS,
+        inspect=page_facts,
+    )
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_page_loads_without_errors(crawl, page):
-    v = crawl[page]["desktop"]  # loading, resizing and opening an answer, all views together
+    # loading, resizing and opening an answer, all views together
+    v = crawl[page]["desktop"]
     assert not v.page_errors, f"uncaught JavaScript exceptions: {v.page_errors}"
     assert not v.console_errors, f"console errors: {v.console_errors}"
     assert not v.failed_requests, f"failed requests: {v.failed_requests}"
@@ -117,12 +146,15 @@ def test_every_image_loads(crawl, page):
 
 
 def _ids_of(html: Path, path: str, crawl) -> set[str]:
-    """The element ids of a built page: from the browser for crawled pages, else from the file."""
+    """The element ids of a built page: from the browser for crawled pages, else from
+    the file."""
     page = path.removesuffix(".html")
     if page in crawl:
         return crawl[page]["desktop"].ids
     text = (html / path).read_text(errors="replace")
-    return set(re.findall(r'\bid="([^"]+)"', text)) | set(re.findall(r'\bname="([^"]+)"', text))
+    return set(re.findall(r'\bid="([^"]+)"', text)) | set(
+        re.findall(r'\bname="([^"]+)"', text)
+    )
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -138,29 +170,38 @@ def test_internal_links_and_anchors_resolve(site, crawl, page):
             path += "index.html"
         if not (html / path).is_file():
             broken.append(f"{link}: no such file")
-        elif parts.fragment and path.endswith(".html") and parts.fragment not in _ids_of(html, path, crawl):
+        elif (
+            parts.fragment
+            and path.endswith(".html")
+            and parts.fragment not in _ids_of(html, path, crawl)
+        ):
             broken.append(f"{link}: no element with id {parts.fragment!r}")
     assert not broken, "\n".join(broken)
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_page_is_readable_on_a_phone(crawl, page):
-    """At 390 CSS pixels the page does not scroll sideways (wide code and tables scroll inside
-    their own box), the text column takes the screen (the navigation folds away), and the text
-    keeps a readable size."""
+    """At 390 CSS pixels the page does not scroll sideways (wide code and tables scroll
+    inside their own box), the text column takes the screen (the navigation folds away),
+    and the text keeps a readable size."""
     v = crawl[page]["phone"]
     assert v.scroll_width <= v.viewport_width + 1, (
-        f"{v.scroll_width}px wide at a {v.viewport_width}px viewport; sticking out: {v.wide_elements}"
+        f"{v.scroll_width}px wide at a {v.viewport_width}px viewport; sticking "
+        f"out: {v.wide_elements}"
     )
-    assert v.article_width >= 0.8 * v.viewport_width, f"the text column is {v.article_width:.0f}px wide"
+    assert v.article_width >= 0.8 * v.viewport_width, (
+        f"the text column is {v.article_width:.0f}px wide"
+    )
     assert v.text_px >= 14, f"body text of {v.text_px}px"
 
 
 def test_a_screenshot_of_every_page_at_both_sizes(crawl):
     for view in ("desktop", "phone"):
         for page in PAGES:
-            shot = SCREENSHOTS / view / f"{page.replace('/', '-')}.png"  # as browser.visit names them
-            assert shot.is_file() and shot.stat().st_size > 10_000, shot  # not a blank image
+            # as browser.visit names them
+            shot = SCREENSHOTS / view / f"{page.replace('/', '-')}.png"
+            # not a blank image
+            assert shot.is_file() and shot.stat().st_size > 10_000, shot
 
 
 @pytest.fixture
@@ -168,43 +209,56 @@ def tab(site):
     base, _, browser = site
     context = browser.new_context(viewport=DESKTOP)
     page = context.new_page()
-    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(base) else r.abort())
+    page.route(
+        "**/*", lambda r: r.continue_() if r.request.url.startswith(base) else r.abort()
+    )
     page.base = base
     yield page
     context.close()
 
 
 def test_search_finds_a_term(tab):
-    """Sphinx's search runs in the browser on the index the build wrote: the chapter about the
-    term comes first, and the other pages that use it follow."""
+    """Sphinx's search runs in the browser on the index the build wrote: the chapter
+    about the term comes first, and the other pages that use it follow."""
     tab.goto(f"{tab.base}search.html?q=fully_shard")
     results = tab.locator("#search-results ul.search li a")
-    expect(results.first).to_have_attribute("href", re.compile(r"^fsdp2\.html"), timeout=15_000)
-    expect(results.nth(4)).to_be_attached()  # more than a handful of pages use fully_shard
-    # Sphinx adds the results one by one, on timers: wait for lab 4's, do not read the list once
-    # (a CI run read it after 6 results and failed)
-    expect(tab.locator('#search-results ul.search li a[href^="labs/lab4_fsdp2.html"]')).to_be_attached(timeout=15_000)
+    expect(results.first).to_have_attribute(
+        "href", re.compile(r"^fsdp2\.html"), timeout=15_000
+    )
+    # more than a handful of pages use fully_shard
+    expect(results.nth(4)).to_be_attached()
+    # Sphinx adds the results one by one, on timers: wait for lab 4's, do not read the
+    # list once (a CI run read it after 6 results and failed)
+    expect(
+        tab.locator('#search-results ul.search li a[href^="labs/lab4_fsdp2.html"]')
+    ).to_be_attached(timeout=15_000)
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if p.startswith("labs/") and p != "labs/lab1_single"])
+@pytest.mark.parametrize(
+    "page", [p for p in PAGES if p.startswith("labs/") and p != "labs/lab1_single"]
+)
 def test_the_diff_from_the_previous_lab_renders(crawl, page):
-    """Each lab page shows its diff as a highlighted diff: added and removed lines in colours
-    of their own, file names relative to the repository."""
+    """Each lab page shows its diff as a highlighted diff: added and removed lines in
+    colours of their own, file names relative to the repository."""
     diffs = crawl[page]["facts"]["diffs"]
     assert diffs, "no highlighted diff on the page"
     d = diffs[0]
     assert d["added"] > 0 and d["removed"] > 0, d
     assert d["text_colour"] not in (d["added_colour"], d["removed_colour"]), d
-    assert d["header"][0].startswith("--- src/labs/") and d["header"][1].startswith("+++ src/labs/"), d["header"]
+    assert d["header"][0].startswith("--- src/labs/") and d["header"][1].startswith(
+        "+++ src/labs/"
+    ), d["header"]
 
 
 def test_ring_all_reduce_step_through_works_without_a_kernel(tab):
-    """The collectives chapter's ipywidgets (Play, slider, stacked views) are linked in the
-    browser (jslink), so moving the slider changes the shown step with no Python behind it."""
+    """The collectives chapter's ipywidgets (Play, slider, stacked views) are linked in
+    the browser (jslink), so moving the slider changes the shown step with no Python
+    behind it."""
     tab.goto(f"{tab.base}collectives.html")
     slider = tab.locator(".widget-slider").first
     expect(slider).to_be_visible(timeout=15_000)
-    stack = tab.locator(".widget-vbox > .widget-box:not(.widget-hbox)").first  # a Stack shows one child
+    # a Stack shows one child
+    stack = tab.locator(".widget-vbox > .widget-box:not(.widget-hbox)").first
     before = stack.inner_text()
     readout = slider.locator(".widget-readout")
     expect(readout).to_have_text("0")
@@ -217,8 +271,9 @@ def test_ring_all_reduce_step_through_works_without_a_kernel(tab):
 
 
 def test_memory_calculator_answers_as_the_python_functions_do(tab):
-    """The zero_memory chapter's calculator is plain HTML and JavaScript: change the form and
-    the table changes, to what `distlab.tools.memory_calculator.estimate` says."""
+    """The zero_memory chapter's calculator is plain HTML and JavaScript: change the
+    form and the table changes, to what `distlab.tools.memory_calculator.estimate` says.
+    """
     from distlab.tools.calculator_page import format_bytes
     from distlab.tools.memory_calculator import estimate
 
@@ -240,7 +295,8 @@ def test_memory_calculator_answers_as_the_python_functions_do(tab):
 
 
 def test_planner_form_answers_as_the_python_planner_does(tab):
-    """The capstone's planner form runs without a kernel and answers as `planner.predict` does."""
+    """The capstone's planner form runs without a kernel and answers as
+    `planner.predict` does."""
     from distlab.tools.planner import Plan, gpu_cluster, predict
     from distlab.tools.shapes import shape
 
@@ -251,12 +307,20 @@ def test_planner_form_answers_as_the_python_planner_does(tab):
     form.locator("select[name=model]").select_option("llama3-70b")
     form.locator("select[name=ac]").select_option("full")
     form.locator("input[name=gpus]").fill("128")
-    p = predict(shape("llama3-70b"), gpu_cluster("a100-80gb", 128, 8, "ib-200g"), Plan("fsdp2", 1, 8192, ac="full"))
+    p = predict(
+        shape("llama3-70b"),
+        gpu_cluster("a100-80gb", 128, 8, "ib-200g"),
+        Plan("fsdp2", 1, 8192, ac="full"),
+    )
     expect(speed).to_contain_text(f"{round(p['tokens_per_s_per_gpu']):,}")
-    expect(form.locator(".verdict")).to_contain_text(f"{p['memory']['total'] / 1e9:.1f} GB")
+    expect(form.locator(".verdict")).to_contain_text(
+        f"{p['memory']['total'] / 1e9:.1f} GB"
+    )
     assert speed.inner_text() != first
     form.locator("input[name=gpus]").fill("12")
-    expect(form.locator(".out")).to_contain_text("12 GPUs is not a whole number of nodes of 8")
+    expect(form.locator(".out")).to_contain_text(
+        "12 GPUs is not a whole number of nodes of 8"
+    )
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -264,7 +328,9 @@ def test_page_ends_with_exercises_whose_answers_open_on_demand(crawl, page):
     facts = crawl[page]["facts"]
     assert facts["last_heading"] == "Exercises", facts["last_heading"]
     assert facts["answers"] > 0, "no answer to open"
-    assert facts["answer_hidden_before"], "the first answer is shown before it is opened"
+    assert facts["answer_hidden_before"], (
+        "the first answer is shown before it is opened"
+    )
     assert facts["answer_visible_after"], "clicking the first answer did not open it"
 
 
@@ -296,5 +362,7 @@ def test_code_exercises_hide_a_solution_that_passes_its_checker(crawl, page):
     solutions = crawl[page]["facts"]["solutions"]
     assert len(solutions) == CODE_EXERCISES[page], solutions
     for solution in solutions:
-        assert solution["summary"] == "Show the solution" and not solution["open"], solution
+        assert solution["summary"] == "Show the solution" and not solution["open"], (
+            solution
+        )
         assert solution["output"].startswith("passed:"), solution

@@ -1,8 +1,8 @@
-"""Activation checkpointing past the defaults: what the page (book/ac_policies.md) does not run.
-The page asserts on every build what each policy, offload hook and memory budget keeps and
-recomputes, counted exactly, with gradients equal to no checkpointing. Here: the replay without
-early stop, the per-block counter, HostOffload over many forwards, bad input, the exercise's
-checker and the benchmark's smoke path."""
+"""Activation checkpointing past the defaults: what the page (book/ac_policies.md) does
+not run. The page asserts on every build what each policy, offload hook and memory
+budget keeps and recomputes, counted exactly, with gradients equal to no checkpointing.
+Here: the replay without early stop, the per-block counter, HostOffload over many
+forwards, bad input, the exercise's checker and the benchmark's smoke path."""
 
 import pytest
 import torch
@@ -22,7 +22,12 @@ CFG = preset("tiny")
 
 
 def _batch():
-    return torch.randint(0, CFG.vocab_size, (2, B, CFG.block_size), generator=torch.Generator().manual_seed(0))
+    return torch.randint(
+        0,
+        CFG.vocab_size,
+        (2, B, CFG.block_size),
+        generator=torch.Generator().manual_seed(0),
+    )
 
 
 def test_without_early_stop_the_replay_runs_the_down_projection_too():
@@ -33,8 +38,9 @@ def test_without_early_stop_the_replay_runs_the_down_projection_too():
 
 
 def test_the_counter_restarts_in_every_block(monkeypatch):
-    """Per block: save the qkv and MLP-up products, recompute the two projections. A policy
-    shared by all blocks would only give the same answer here because 4 is even."""
+    """Per block: save the qkv and MLP-up products, recompute the two projections. A
+    policy shared by all blocks would only give the same answer here because 4 is even.
+    """
     decisions = []
     real = ac_policies.create_selective_checkpoint_contexts
 
@@ -42,7 +48,8 @@ def test_the_counter_restarts_in_every_block(monkeypatch):
         def recorded(ctx, op, *args, **kwargs):
             decision = policy(ctx, op, *args, **kwargs)
             if op in ac_policies.MATMULS:
-                decisions.append((tuple(args[2].shape), decision))  # addmm(bias, input, weight.t())
+                # addmm(bias, input, weight.t())
+                decisions.append((tuple(args[2].shape), decision))
             return decision
 
         return real(recorded)
@@ -52,13 +59,19 @@ def test_the_counter_restarts_in_every_block(monkeypatch):
     model(*_batch())
     C = CFG.n_embd
     save, recompute = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
-    one_block = [((C, 3 * C), save), ((C, C), recompute), ((C, 4 * C), save), ((4 * C, C), recompute)]
+    one_block = [
+        ((C, 3 * C), save),
+        ((C, C), recompute),
+        ((C, 4 * C), save),
+        ((4 * C, C), recompute),
+    ]
     assert decisions == one_block * CFG.n_layer
 
 
 def test_host_offload_rebuilds_views_after_addresses_are_reused():
-    """Many forwards under one HostOffload: freed storages' addresses come back, and each saved
-    view (q, k, v of one qkv output) must come back with its own offset and strides."""
+    """Many forwards under one HostOffload: freed storages' addresses come back, and
+    each saved view (q, k, v of one qkv output) must come back with its own offset and
+    strides."""
     idx, targets = _batch()
     reference = _work(checkpointed("tiny", "none"), idx, targets)[2]
     model = checkpointed("tiny", "none")
@@ -68,7 +81,9 @@ def test_host_offload_rebuilds_views_after_addresses_are_reused():
         with hooks:
             loss = model(idx, targets)[1]
         loss.backward()
-        assert all(torch.equal(p.grad, r) for p, r in zip(model.parameters(), reference))
+        assert all(
+            torch.equal(p.grad, r) for p, r in zip(model.parameters(), reference)
+        )
     assert hooks.bytes_moved == 3 * saved_activation_bytes(model, idx, targets)
 
 
@@ -87,21 +102,31 @@ def _threshold_hooks(model, min_bytes):
 
 
 def test_threshold_offload_checker(capsys):
-    assert "gradients equal no hooks exactly" in passes(check_threshold_offload, _threshold_hooks, capsys=capsys)
-    everything = lambda model, min_bytes: (lambda h: (h.pack_hook, h.unpack_hook))(HostOffload(keep=model.parameters()))  # noqa: E731
+    assert "gradients equal no hooks exactly" in passes(
+        check_threshold_offload, _threshold_hooks, capsys=capsys
+    )
+    everything = lambda model, min_bytes: (lambda h: (h.pack_hook, h.unpack_hook))(
+        HostOffload(keep=model.parameters())
+    )  # noqa: E731
     with pytest.raises(AssertionError, match="was moved"):
         check_threshold_offload(everything)
-    pinned = lambda model, min_bytes: (lambda h: (h.pack_hook, h.unpack_hook))(save_on_cpu(pin_memory=True))  # noqa: E731
+    pinned = lambda model, min_bytes: (lambda h: (h.pack_hook, h.unpack_hook))(
+        save_on_cpu(pin_memory=True)
+    )  # noqa: E731
     with pytest.raises(AssertionError, match="a parameter was moved"):
         check_threshold_offload(pinned)
     with pytest.raises(AssertionError, match="was left in place"):
         check_threshold_offload(lambda model, min_bytes: (lambda t: t, lambda t: t))
 
-    def lossy(model, min_bytes):  # moves the right storages, but brings them back rounded to bf16
+    # moves the right storages, but brings them back rounded to bf16
+    def lossy(model, min_bytes):
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
         def pack(t):
-            big = t.untyped_storage().nbytes() >= min_bytes and t.untyped_storage().data_ptr() not in params
+            big = (
+                t.untyped_storage().nbytes() >= min_bytes
+                and t.untyped_storage().data_ptr() not in params
+            )
             return t.bfloat16() if big and t.is_floating_point() else t
 
         return pack, lambda p: p.float() if p.dtype == torch.bfloat16 else p
@@ -118,7 +143,9 @@ def test_bench_smoke_path(tmp_path):
     result = main(["--smoke", "--out", str(tmp_path / "bench.json")])
     runs = {r["config"]: r for r in result["runs"]}
     assert list(runs) == list(EAGER)
-    assert all(r["grad_max_abs_diff"] == 0 and len(r["step_s"]) == 2 for r in runs.values())
-    assert (tmp_path / "bench.json").exists() and result["provenance"]["command"].endswith(
-        "--smoke --out " + str(tmp_path / "bench.json")
+    assert all(
+        r["grad_max_abs_diff"] == 0 and len(r["step_s"]) == 2 for r in runs.values()
     )
+    assert (tmp_path / "bench.json").exists() and result["provenance"][
+        "command"
+    ].endswith("--smoke --out " + str(tmp_path / "bench.json"))

@@ -1,7 +1,8 @@
-"""What book/accelerate.md does not run: the fingerprint's sensitivity, lab 6's choice of
-mixed precision and plugin fields, lab 6's sharded model saved and resumed in Accelerate's FSDP2
-mode, and the exercise checker catching wrong answers. The page asserts what it runs (without
-cpu=True, the FSDP plugin on CPU, accumulate, the FSDP2 setups, the launchers' refusals)."""
+"""What book/accelerate.md does not run: the fingerprint's sensitivity, lab 6's choice
+of mixed precision and plugin fields, lab 6's sharded model saved and resumed in
+Accelerate's FSDP2 mode, and the exercise checker catching wrong answers. The page
+asserts what it runs (without cpu=True, the FSDP plugin on CPU, accumulate, the FSDP2
+setups, the launchers' refusals)."""
 
 import contextlib
 import os
@@ -26,25 +27,46 @@ def test_fingerprint_tells_equal_weights_from_different_ones():
 
 
 # ---------------------------------------------------------------- FSDP2 mode (items 19, 20)
-def test_lab_6_asks_accelerate_for_autocast_only_without_fsdp_and_its_plugin_ignores_fsdp_variables(monkeypatch):
-    assert [mixed_precision_for(d, f) for d in ("fp32", "bf16") for f in (False, True)] == ["no", "no", "bf16", "no"]
-    # a launcher's FSDP_* variables fill every field left unset: lab 6 sets those that would change the model
+def test_lab_6_asks_accelerate_for_autocast_only_without_fsdp_and_its_plugin_ignores_fsdp_variables(
+    monkeypatch,
+):
+    assert [
+        mixed_precision_for(d, f) for d in ("fp32", "bf16") for f in (False, True)
+    ] == ["no", "no", "bf16", "no"]
+    # a launcher's FSDP_* variables fill every field left unset: lab 6 sets those that
+    # would change the model
     monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "true")
     monkeypatch.setenv("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP")
     plugin = fsdp2_plugin()
-    assert (plugin.fsdp_version, plugin.activation_checkpointing, plugin.auto_wrap_policy) == (2, False, None)
-    assert plugin.mixed_precision_policy is None  # mixed_precision "no": Accelerate builds no policy of its own
+    assert (
+        plugin.fsdp_version,
+        plugin.activation_checkpointing,
+        plugin.auto_wrap_policy,
+    ) == (2, False, None)
+    # mixed_precision "no": Accelerate builds no policy of its own
+    assert plugin.mixed_precision_policy is None
 
 
 def lab6_sharded_save_and_resume(out: str) -> dict:
-    """On a rank: lab 6's --fsdp model (checkpointed, sharded by hand) in Accelerate's FSDP2 mode;
-    a step, save_state, two steps, load_state, the same two steps again."""
+    """On a rank: lab 6's --fsdp model (checkpointed, sharded by hand) in Accelerate's
+    FSDP2 mode; a step, save_state, two steps, load_state, the same two steps again."""
     from distlab.parallel import apply_activation_checkpointing, apply_fsdp
 
-    accelerator = demos.in_fsdp2_mode(fsdp2_plugin(), mixed_precision_for("fp32", fsdp=True))
-    model = apply_fsdp(apply_activation_checkpointing(GPT(preset("tiny"), seed=0), "full"))
-    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
-    x = torch.randint(0, 65, (2, 32), generator=torch.Generator().manual_seed(accelerator.process_index))
+    accelerator = demos.in_fsdp2_mode(
+        fsdp2_plugin(), mixed_precision_for("fp32", fsdp=True)
+    )
+    model = apply_fsdp(
+        apply_activation_checkpointing(GPT(preset("tiny"), seed=0), "full")
+    )
+    model, optimizer = accelerator.prepare(
+        model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+    )
+    x = torch.randint(
+        0,
+        65,
+        (2, 32),
+        generator=torch.Generator().manual_seed(accelerator.process_index),
+    )
 
     def step() -> float:
         for _ in range(2):  # in_fsdp2_mode counts 2 micro-batches per optimizer step
@@ -59,15 +81,31 @@ def lab6_sharded_save_and_resume(out: str) -> dict:
     accelerator.save_state(out)
     after_save = [step(), step()]
     accelerator.load_state(out)
-    return {"after_save": after_save, "after_load": [step(), step()], "files": sorted(os.listdir(out))}
+    return {
+        "after_save": after_save,
+        "after_load": [step(), step()],
+        "files": sorted(os.listdir(out)),
+    }
 
 
 def test_lab_6s_sharded_model_saves_and_resumes_in_fsdp2_mode(tmp_path):
-    ranks = run_ranks(lab6_sharded_save_and_resume, nprocs=2, args=(str(tmp_path),), init_group=False, quiet=True)
+    ranks = run_ranks(
+        lab6_sharded_save_and_resume,
+        nprocs=2,
+        args=(str(tmp_path),),
+        init_group=False,
+        quiet=True,
+    )
     for r in ranks:
-        assert r["after_load"] == r["after_save"]  # model, optimizer and step count all came back
+        # model, optimizer and step count all came back
+        assert r["after_load"] == r["after_save"]
         assert r["after_save"][1] < r["after_save"][0]  # and they train
-        assert r["files"] == ["optimizer_0", "pytorch_model_fsdp_0", "random_states_0.pkl", "random_states_1.pkl"]
+        assert r["files"] == [
+            "optimizer_0",
+            "pytorch_model_fsdp_0",
+            "random_states_0.pkl",
+            "random_states_1.pkl",
+        ]
 
 
 # ---------------------------------------------------------------- Accelerate, exercise 3
@@ -80,5 +118,9 @@ def test_skips_sync_checker_catches_wrong_answers():
     # the right answer passes on every build of book/accelerate.md (its exercise 3 cell)
     with pytest.raises(AssertionError, match="no reduce-scatter ran in the step"):
         check_skips_sync(never_sync)
-    with pytest.raises(AssertionError, match="12 reduce-scatters in one step of 4 micro-batches, 4 per unit"):
-        check_skips_sync(lambda accelerator, model: contextlib.nullcontext())  # the lab unchanged
+    with pytest.raises(
+        AssertionError,
+        match="12 reduce-scatters in one step of 4 micro-batches, 4 per unit",
+    ):
+        # the lab unchanged
+        check_skips_sync(lambda accelerator, model: contextlib.nullcontext())

@@ -1,8 +1,9 @@
-"""The ring all-reduce from scratch equals dist.all_reduce, for more sizes and shapes than the page
-runs, in place; its schedule, its cost model, the timing summary on made-up timings, and the
-exercise checker's verdict on wrong answers. The page checks its own launches on every build
-(the five demos, the reduction operators, the timings' layout, the send-first deadlock failing
-at the process-group timeout, the checker passing the answer)."""
+"""The ring all-reduce from scratch equals dist.all_reduce, for more sizes and shapes
+than the page runs, in place; its schedule, its cost model, the timing summary on
+made-up timings, and the exercise checker's verdict on wrong answers. The page checks
+its own launches on every build (the five demos, the reduction operators, the timings'
+layout, the send-first deadlock failing at the process-group timeout, the checker
+passing the answer)."""
 
 import pytest
 import torch
@@ -20,11 +21,13 @@ from distlab.scratch.collectives import (
 
 
 def check_on_every_rank():
-    """Everything the tests ask of N real ranks, in one launch per N (a launch costs seconds)."""
+    """Everything the tests ask of N real ranks, in one launch per N (a launch costs
+    seconds)."""
     rank, n = dist.get_rank(), dist.get_world_size()
     report = {"mismatches": [], "masks": [], "parity": None}
 
-    # 1. ring == dist.all_reduce: sizes divisible by N, not divisible, and smaller than N
+    # 1. ring == dist.all_reduce: sizes divisible by N, not divisible, and smaller than
+    #    N
     gen = torch.Generator().manual_seed(1234 + rank)  # different data on every rank
     for numel in sorted({1, n - 1, n, 2 * n + 1, 1000, 1001, 4099} - {0}):
         for dtype in (torch.float32, torch.int64):
@@ -45,7 +48,10 @@ def check_on_every_rank():
             if not (same and out is x and x.data_ptr() == ptr):  # equal, and in place
                 report["mismatches"].append((numel, str(dtype)))
     # a 2-D tensor and a non-contiguous one keep their shape and are reduced in place
-    for x in (torch.arange(12.0).reshape(3, 4) + rank, (torch.arange(12.0).reshape(3, 4) + rank).t()):
+    for x in (
+        torch.arange(12.0).reshape(3, 4) + rank,
+        (torch.arange(12.0).reshape(3, 4) + rank).t(),
+    ):
         expected = x.clone()
         dist.all_reduce(expected)
         ring_all_reduce(x)
@@ -53,7 +59,8 @@ def check_on_every_rank():
             report["mismatches"].append(("2-D", tuple(x.shape), x.is_contiguous()))
 
     # 2. the state after every step, to compare with ring_schedule. Rank r contributes
-    # 2**r to every element, so each element's sum is a bit mask of the ranks it contains.
+    # 2**r to every element, so each element's sum is a bit mask of the ranks it
+    # contains.
     numel = 2 * n + 1  # uneven chunks on purpose
     for k in range(2 * (n - 1) + 1):
         x = torch.full((numel,), 2**rank, dtype=torch.int64)
@@ -62,16 +69,21 @@ def check_on_every_rank():
 
     # 3. the parity-ordered blocking exchange delivers the left neighbour's tensor
     report["parity"] = parity_ring_exchange(torch.tensor([float(rank)] * 3)).tolist()
-    # 4. what batch_isend_irecv asks to choose its path (the page: gloo cannot coalesce, so a
+    # 4. what batch_isend_irecv asks to choose its path (the page: gloo cannot coalesce,
+    #    so a
     # batch is the same irecv and isend, one by one)
-    report["coalesces"] = dist.group.WORLD._get_backend(torch.device("cpu")).supports_coalescing
+    report["coalesces"] = dist.group.WORLD._get_backend(
+        torch.device("cpu")
+    ).supports_coalescing
     return report
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"{n}ranks")
 def ranks(request):
     n = request.param
-    return n, run_ranks(check_on_every_rank, nprocs=n, timeout=120, pg_timeout=30, quiet=True)
+    return n, run_ranks(
+        check_on_every_rank, nprocs=n, timeout=120, pg_timeout=30, quiet=True
+    )
 
 
 def test_ring_all_reduce_equals_dist_all_reduce(ranks):
@@ -89,12 +101,16 @@ def test_schedule_agrees_with_the_real_ring_at_every_step(ranks):
                 expected_mask = sum(2**r for r in entry["holds"][rank][c])
                 assert values == [expected_mask] * len(values), (k, rank, c)
     # after 2(N-1) steps every rank holds the full sum of every chunk
-    assert all(held == frozenset(range(n)) for row in schedule[-1]["holds"] for held in row)
+    assert all(
+        held == frozenset(range(n)) for row in schedule[-1]["holds"] for held in row
+    )
 
 
 def test_parity_ordered_blocking_exchange_works(ranks):
     n, reports = ranks
-    assert [r["parity"] for r in reports] == [[float((rank - 1) % n)] * 3 for rank in range(n)]
+    assert [r["parity"] for r in reports] == [
+        [float((rank - 1) % n)] * 3 for rank in range(n)
+    ]
 
 
 def test_on_gloo_a_batch_of_sends_and_receives_is_posted_op_by_op(ranks):
@@ -118,7 +134,10 @@ def test_the_ring_posts_its_receive_and_send_as_one_batch(monkeypatch):
         @staticmethod
         def batch_isend_irecv(ops):
             calls.append(ops)
-            return [type("Work", (), {"wait": lambda self: calls.append("waited")})() for _ in ops]
+            return [
+                type("Work", (), {"wait": lambda self: calls.append("waited")})()
+                for _ in ops
+            ]
 
     monkeypatch.setattr(collectives, "dist", FakeDist)
     send, recv = torch.ones(2), torch.empty(2)
@@ -136,14 +155,17 @@ def test_schedule_shape(n):
         complete = [c for c, held in enumerate(row) if held == frozenset(range(n))]
         assert complete == [(r + 1) % n]
     for e in schedule[1:]:
-        assert sorted(e["sends"]) == list(range(n))  # every chunk is on the wire in every step
+        # every chunk is on the wire in every step
+        assert sorted(e["sends"]) == list(range(n))
 
 
 def test_cost_model_numbers():
     assert ring_bytes_sent_per_rank(1_000_000, 1, 4) == 0
-    assert ring_bytes_sent_per_rank(1_000_000, 2, 4) == 4_000_000  # N=2: the whole tensor once
+    # N=2: the whole tensor once
+    assert ring_bytes_sent_per_rank(1_000_000, 2, 4) == 4_000_000
     assert ring_bytes_sent_per_rank(1_000_000, 4, 4) == 6_000_000  # 2 * 3/4
-    assert ring_bytes_sent_per_rank(1_000_000, 1000, 4) == pytest.approx(7_992_000)  # -> 2x as N grows
+    # -> 2x as N grows
+    assert ring_bytes_sent_per_rank(1_000_000, 1000, 4) == pytest.approx(7_992_000)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
@@ -163,20 +185,35 @@ def test_summarise_timings_recovers_the_alpha_beta_model_it_fits():
 
     n, alpha, bandwidth = 4, 50e-6, 2e9
     sizes = [1024, 4096, 16384, 2**24]
-    # two ranks whose every repeat follows the model: latency only up to 16 KB, then the bytes too
-    exact = {s: 2 * (n - 1) * alpha if s <= 16384 else model_time(alpha, bandwidth, n, s) for s in sizes}
-    rank = {(name, s): [exact[s]] * 3 for name in ("dist.all_reduce", "ring_all_reduce") for s in sizes}
+    # two ranks whose every repeat follows the model: latency only up to 16 KB, then the
+    # bytes too
+    exact = {
+        s: 2 * (n - 1) * alpha if s <= 16384 else model_time(alpha, bandwidth, n, s)
+        for s in sizes
+    }
+    rank = {
+        (name, s): [exact[s]] * 3
+        for name in ("dist.all_reduce", "ring_all_reduce")
+        for s in sizes
+    }
     slower = {key: [t * 1.5 for t in ts] for key, ts in rank.items()}
     summary = summarise_timings([rank, slower, rank, rank])
     fit = summary["fit"]["dist.all_reduce"]
-    assert fit["alpha"] == pytest.approx(1.5 * alpha)  # every repeat was as slow as rank 1
-    assert model_time(fit["alpha"], fit["bandwidth"], n, 2**24) == pytest.approx(1.5 * exact[2**24])
-    # bus bandwidth: the 2(N-1)/N of the message each rank sent, over the (slowest rank's) time
-    assert summary["busbw"]["dist.all_reduce", 2**24] == pytest.approx(2 * 3 / 4 * 2**24 / (1.5 * exact[2**24]))
+    # every repeat was as slow as rank 1
+    assert fit["alpha"] == pytest.approx(1.5 * alpha)
+    assert model_time(fit["alpha"], fit["bandwidth"], n, 2**24) == pytest.approx(
+        1.5 * exact[2**24]
+    )
+    # bus bandwidth: the 2(N-1)/N of the message each rank sent, over the (slowest
+    # rank's) time
+    assert summary["busbw"]["dist.all_reduce", 2**24] == pytest.approx(
+        2 * 3 / 4 * 2**24 / (1.5 * exact[2**24])
+    )
 
 
 # ---------------------------------------------------------------- Collectives, exercise 3
-def reduce_scatter_only(t):  # forgets the all-gather: each rank has one block of the sum
+# forgets the all-gather: each rank has one block of the sum
+def reduce_scatter_only(t):
     shard = t.new_empty(t.numel() // dist.get_world_size())
     dist.reduce_scatter_single(shard, t.view(-1))
     return t
@@ -190,9 +227,12 @@ def sum_in_a_new_tensor(t):
 
 @pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
 def test_all_reduce_checker_names_the_mistakes():
-    """The page runs the checker on the answer (all_reduce_in_two_halves there): it passes on
-    every build. Here, the wrong answers it must catch."""
-    with pytest.raises(AssertionError, match=r"on 2 ranks, rank 0 holds .* expected the sum over ranks .* max abs"):
+    """The page runs the checker on the answer (all_reduce_in_two_halves there): it
+    passes on every build. Here, the wrong answers it must catch."""
+    with pytest.raises(
+        AssertionError,
+        match=r"on 2 ranks, rank 0 holds .* expected the sum over ranks .* max abs",
+    ):
         check_all_reduce(reduce_scatter_only)
     with pytest.raises(AssertionError, match="left its input unchanged"):
         check_all_reduce(sum_in_a_new_tensor, (2,))

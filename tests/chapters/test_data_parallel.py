@@ -1,8 +1,8 @@
-"""DataParallel from scratch gives the plain module's outputs, gradients and training losses on what
-the page does not run (3 and 4 replicas, the other strategies, the edge-case models); the experiment
-harness's timing rule and strategy names. The page checks its own runs on every build (2 replicas
-even and uneven, two wrappers trained against the plain module, DDP's buffer broadcasts, the
-DataParallel pitfalls)."""
+"""DataParallel from scratch gives the plain module's outputs, gradients and training
+losses on what the page does not run (3 and 4 replicas, the other strategies, the
+edge-case models); the experiment harness's timing rule and strategy names. The page
+checks its own runs on every build (2 replicas even and uneven, two wrappers trained
+against the plain module, DDP's buffer broadcasts, the DataParallel pitfalls)."""
 
 import pytest
 import torch
@@ -13,8 +13,23 @@ from distlab.chapters.data_parallel import STRATEGIES, backward_threads, train_s
 from distlab.data import token_data
 from distlab.infra import experiment
 from distlab.model import GPT, preset
-from distlab.scratch.data_parallel import ScratchDataParallel, SequentialDataParallel, gather, replicate, scatter
-from support.edge_models import EDGE_MODELS, assert_same_grads, build, grads, loss_of, reference, sgd_step, shard
+from distlab.scratch.data_parallel import (
+    ScratchDataParallel,
+    SequentialDataParallel,
+    gather,
+    replicate,
+    scatter,
+)
+from support.edge_models import (
+    EDGE_MODELS,
+    assert_same_grads,
+    build,
+    grads,
+    loss_of,
+    reference,
+    sgd_step,
+    shard,
+)
 
 CPU = torch.device("cpu")
 
@@ -33,7 +48,8 @@ def pair(data):
     return GPT(cfg, seed=0), GPT(cfg, seed=0)
 
 
-@pytest.mark.parametrize("rows,replicas", [(12, 3), (16, 4)])  # the page checks 16 rows on 2 on every build
+# the page checks 16 rows on 2 on every build
+@pytest.mark.parametrize("rows,replicas", [(12, 3), (16, 4)])
 def test_outputs_and_gradients_equal_the_plain_module(data, rows, replicas):
     plain, model = pair(data)
     x, y = batch(data, rows)
@@ -54,7 +70,8 @@ def single():
     return train_steps("single", "tiny", steps=5, global_batch=16)
 
 
-# the page trains dp-scratch and dp-scratch-no-threads against the plain module on every build
+# the page trains dp-scratch and dp-scratch-no-threads against the plain module on every
+# build
 @pytest.mark.parametrize("strategy", ["dp", "dp-scratch-1-intra-op"])
 def test_training_matches_the_plain_module(strategy, single):
     got = train_steps(strategy, "tiny", steps=5, global_batch=16)
@@ -62,27 +79,40 @@ def test_training_matches_the_plain_module(strategy, single):
     assert single["losses"][-1] < single["losses"][0]  # it trained
     phases = {s.phase for s in got["spans"]}
     assert {"backward", "optimizer"} <= phases
-    if strategy.startswith("dp-scratch"):  # the wrapper's own phases, from the last step only
+    # the wrapper's own phases, from the last step only
+    if strategy.startswith("dp-scratch"):
         assert {"scatter", "replicate", "threads", "gather"} <= phases
         assert sum(s.phase == "scatter" for s in got["spans"]) == 1
-    assert got["threads"] == (1 if strategy == "dp-scratch-1-intra-op" else single["threads"])
+    assert got["threads"] == (
+        1 if strategy == "dp-scratch-1-intra-op" else single["threads"]
+    )
 
 
 def test_the_first_steps_are_not_timed(single):
-    """tokens/s counts the steps after WARMUP_STEPS only; a run of no more steps has none."""
+    """tokens/s counts the steps after WARMUP_STEPS only; a run of no more steps has
+    none."""
     T, timed = preset("tiny").block_size, single["step_s"][experiment.WARMUP_STEPS :]
-    assert experiment.WARMUP_STEPS == 2 and len(single["step_s"]) == 5 and len(timed) == 3
+    assert (
+        experiment.WARMUP_STEPS == 2 and len(single["step_s"]) == 5 and len(timed) == 3
+    )
     assert single["tokens_per_s"] == pytest.approx(16 * T * len(timed) / sum(timed))
-    assert experiment.train("single", steps=experiment.WARMUP_STEPS)["tokens_per_s"] is None
+    assert (
+        experiment.train("single", steps=experiment.WARMUP_STEPS)["tokens_per_s"]
+        is None
+    )
 
 
 def test_strategy_names_are_one_vocabulary():
     for name in experiment.STRATEGIES:
         assert name == name.lower() and " " not in name and "_" not in name, name
     assert set(STRATEGIES) <= set(experiment.STRATEGIES)
-    with pytest.raises(ValueError, match="unknown strategy 'plain'; choose one of single, ddp, "):
+    with pytest.raises(
+        ValueError, match="unknown strategy 'plain'; choose one of single, ddp, "
+    ):
         experiment.train("plain", steps=1)
-    with pytest.raises(RuntimeError, match="'ddp' runs on every rank of a process group"):
+    with pytest.raises(
+        RuntimeError, match="'ddp' runs on every rank of a process group"
+    ):
         experiment.build("ddp")  # no process group in this process
 
 
@@ -93,7 +123,8 @@ def test_replicas_are_differentiable_copies_with_ties_kept(data):
     copies = list(replica.parameters())
     assert len(copies) == len(list(model.parameters()))
     assert not any(id(p) in originals for p in copies)
-    assert all(p.grad_fn is not None for p in copies)  # connected to the originals by autograd
+    # connected to the originals by autograd
+    assert all(p.grad_fn is not None for p in copies)
     assert replica.lm_head.weight is replica.wte.weight  # the tied head stays tied
     assert replica.blocks[0] is not model.blocks[0]
 
@@ -120,7 +151,8 @@ def test_a_failing_replica_raises_in_the_caller(data):
 
 def test_short_batches_and_bad_devices(data):
     x, y = batch(data, 1)
-    assert len(scatter((x, y), [CPU] * 4)) == 1  # one row: one chunk, as torch.chunk gives
+    # one row: one chunk, as torch.chunk gives
+    assert len(scatter((x, y), [CPU] * 4)) == 1
     _, model = pair(data)
     logits, loss = ScratchDataParallel(model, [CPU] * 4)(x, y)
     assert logits.shape[0] == 1 and loss.dim() == 0
@@ -129,7 +161,10 @@ def test_short_batches_and_bad_devices(data):
 
 
 def test_gather_stacks_scalars_and_concatenates_the_rest():
-    out = gather([(torch.ones(2, 3), torch.tensor(1.0)), (torch.zeros(1, 3), torch.tensor(2.0))], CPU)
+    out = gather(
+        [(torch.ones(2, 3), torch.tensor(1.0)), (torch.zeros(1, 3), torch.tensor(2.0))],
+        CPU,
+    )
     assert out[0].shape == (3, 3)
     assert out[1].tolist() == [1.0, 2.0]
 
@@ -139,24 +174,39 @@ def test_dataparallel_traffic_sends_each_byte_once_per_link():
 
     P, B, T, V = 1_000_000, 8, 16, 100
     in_module = chapter.dataparallel_traffic(P, B, T, V, 4, logits_to_gpu0=False)
-    assert in_module["DataParallel GPU 0 sends"] == in_module["DataParallel GPU 0 receives"] == 4 * P  # any N
-    assert in_module["DDP each GPU sends"] == pytest.approx(ring_bytes_sent_per_rank(P, 4, 4))
+    # any N
+    assert (
+        in_module["DataParallel GPU 0 sends"]
+        == in_module["DataParallel GPU 0 receives"]
+        == 4 * P
+    )
+    assert in_module["DDP each GPU sends"] == pytest.approx(
+        ring_bytes_sent_per_rank(P, 4, 4)
+    )
     on_gpu0 = chapter.dataparallel_traffic(P, B, T, V, 4, logits_to_gpu0=True)
-    assert on_gpu0["DataParallel GPU 0 receives"] == pytest.approx(4 * P + 3 / 4 * 4 * B * T * V)
-    # the mechanisms the model rests on, in the installed torch: one autograd node broadcasts every
-    # parameter (its backward is one reduce), the reduce is NCCL's, and autocast's dtype is not passed on
+    assert on_gpu0["DataParallel GPU 0 receives"] == pytest.approx(
+        4 * P + 3 / 4 * 4 * B * T * V
+    )
+    # the mechanisms the model rests on, in the installed torch: one autograd node
+    # broadcasts every parameter (its backward is one reduce), the reduce is NCCL's, and
+    # autocast's dtype is not passed on
     import importlib
     import inspect
 
-    def source(module):  # torch.nn.parallel's functions shadow the modules of the same name
+    # torch.nn.parallel's functions shadow the modules of the same name
+    def source(module):
         return inspect.getsource(importlib.import_module(f"torch.nn.parallel.{module}"))
 
     assert "Broadcast.apply(devices, *tensors)" in source("replicate")
     assert "nccl.reduce(inputs, output=result, root=root_index)" in source("comm")
-    assert "torch.amp.autocast(device_type, enabled=autocast_enabled)" in source("parallel_apply")
+    assert "torch.amp.autocast(device_type, enabled=autocast_enabled)" in source(
+        "parallel_apply"
+    )
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU behaviour of nn.DataParallel")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the CPU behaviour of nn.DataParallel"
+)
 def test_torch_dataparallel_without_gpus_calls_the_module_once(data):
     model = GPT(preset("tiny", vocab_size=data.tokenizer.vocab_size), seed=0)
     seen = []
@@ -167,27 +217,45 @@ def test_torch_dataparallel_without_gpus_calls_the_module_once(data):
     assert dp.device_ids == [] and seen == [(16, 64)]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on GPUs each device has its own autograd thread")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on GPUs each device has its own autograd thread"
+)
 def test_cpu_backward_of_every_replica_runs_on_the_calling_thread():
     assert backward_threads() == {0: {"MainThread"}, 1: {"MainThread"}}
 
 
 def test_the_recorded_comparison_is_complete_and_its_variants_trained_alike():
-    """The chapter reads results/dp_bench.json (python -m distlab.bench.dp): five variants, the
-    same steps, the same losses, and the phases of one dp-scratch step."""
+    """The chapter reads results/dp_bench.json (python -m distlab.bench.dp): five
+    variants, the same steps, the same losses, and the phases of one dp-scratch step."""
     from distlab.bench.dp import WARMUP_STEPS, load
 
     measured, workload, runs = load()
     assert {"machine", "torch", "commit", "date", "command"} <= set(measured)
     assert measured["command"].startswith("python -m distlab.bench.dp")
     assert workload["steps"] > WARMUP_STEPS == workload["warmup_steps"]
-    assert list(runs) == ["single", "dp-scratch", "dp-scratch-1-intra-op", "dp-scratch-no-threads", "ddp"]
+    assert list(runs) == [
+        "single",
+        "dp-scratch",
+        "dp-scratch-1-intra-op",
+        "dp-scratch-no-threads",
+        "ddp",
+    ]
     assert set(runs) <= set(experiment.STRATEGIES)
     for name, r in runs.items():
         assert len(r["losses"]) == len(r["step_s"]) == workload["steps"], name
-        assert max(abs(a - b) for a, b in zip(r["losses"], runs["single"]["losses"])) < 1e-4, name
+        assert (
+            max(abs(a - b) for a, b in zip(r["losses"], runs["single"]["losses"]))
+            < 1e-4
+        ), name
     phases = {s.phase for s in runs["dp-scratch"]["spans"]}
-    assert {"scatter", "replicate", "threads", "gather", "backward", "optimizer"} <= phases
+    assert {
+        "scatter",
+        "replicate",
+        "threads",
+        "gather",
+        "backward",
+        "optimizer",
+    } <= phases
 
 
 def test_the_comparison_recorder_refuses_bad_workloads(capsys):
@@ -205,22 +273,29 @@ def test_the_comparison_recorder_refuses_bad_workloads(capsys):
 @pytest.mark.parametrize("replicas", [2, 3])
 @pytest.mark.parametrize("wrapper", [ScratchDataParallel, SequentialDataParallel])
 @pytest.mark.parametrize("name", list(EDGE_MODELS))
-def test_edge_case_models_train_as_one_process_on_the_same_chunks(name, wrapper, replicas):
-    """Frozen, unused, data-dependent, tied, BatchNorm: 3 steps give one process's gradients
-    (None where no chunk reached a parameter) and parameters. Buffers follow torch's
-    DataParallel: only replica 0's in-place updates reach the original, from its chunk."""
+def test_edge_case_models_train_as_one_process_on_the_same_chunks(
+    name, wrapper, replicas
+):
+    """Frozen, unused, data-dependent, tied, BatchNorm: 3 steps give one process's
+    gradients (None where no chunk reached a parameter) and parameters. Buffers follow
+    torch's DataParallel: only replica 0's in-place updates reach the original, from its
+    chunk."""
     model, buffers_from_chunk_0 = build(name), build(name)
     dp = wrapper(model, [CPU] * replicas)
     per_step = []
     for step in range(3):
         model.zero_grad(set_to_none=True)
         chunks = [shard(r, replicas, step) for r in range(replicas)]
-        with torch.no_grad():  # what torch's replica 0 does to the original's buffers, and nothing else
+        # what torch's replica 0 does to the original's buffers, and nothing else
+        with torch.no_grad():
             buffers_from_chunk_0.load_state_dict(model.state_dict())
             buffers_from_chunk_0(chunks[0])
-        loss_of(dp(torch.cat(chunks))).backward()  # equal chunks: the mean of the chunks' means
+        # equal chunks: the mean of the chunks' means
+        loss_of(dp(torch.cat(chunks))).backward()
         per_step.append(grads(model))
-        for mine, theirs in zip(model.buffers(), buffers_from_chunk_0.buffers(), strict=True):
+        for mine, theirs in zip(
+            model.buffers(), buffers_from_chunk_0.buffers(), strict=True
+        ):
             torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
         sgd_step(model)
     one_process = reference(name, replicas)

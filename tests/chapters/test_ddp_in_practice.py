@@ -1,7 +1,7 @@
-"""DDP in practice, what the page does not run: the hand-written synchronised BatchNorm on unequal
-shards, the exact evaluation on 3 ranks, and the checker catching padded shards. The page checks
-its own launches on every build (the uneven-input timeout and Join's fix, BatchNorm under DDP,
-the evaluation on 2 ranks)."""
+"""DDP in practice, what the page does not run: the hand-written synchronised BatchNorm
+on unequal shards, the exact evaluation on 3 ranks, and the checker catching padded
+shards. The page checks its own launches on every build (the uneven-input timeout and
+Join's fix, BatchNorm under DDP, the evaluation on 2 ranks)."""
 
 import pytest
 import torch
@@ -35,7 +35,14 @@ def sync_layer_on_rank():
     out = layer(x)
     (out * UPSTREAM[mine]).sum().backward()
     bn = layer[0]
-    return out.detach(), x.grad, bn.weight.grad, bn.bias.grad, bn.running_mean, bn.running_var
+    return (
+        out.detach(),
+        x.grad,
+        bn.weight.grad,
+        bn.bias.grad,
+        bn.running_mean,
+        bn.running_var,
+    )
 
 
 def test_the_hand_written_sync_batchnorm_equals_one_process_on_unequal_shards():
@@ -46,10 +53,13 @@ def test_the_hand_written_sync_batchnorm_equals_one_process_on_unequal_shards():
     (out * UPSTREAM).sum().backward()
     assert rel(torch.cat([r[0] for r in ranks]), out.detach()) < 1e-6
     assert rel(torch.cat([r[1] for r in ranks]), x.grad) < 1e-5
-    assert rel(ranks[0][2] + ranks[1][2], layer.weight.grad) < 1e-6  # local sums, which DDP would reduce
+    # local sums, which DDP would reduce
+    assert rel(ranks[0][2] + ranks[1][2], layer.weight.grad) < 1e-6
     assert rel(ranks[0][3] + ranks[1][3], layer.bias.grad) < 1e-6
     for r in ranks:
-        assert rel(r[4], layer.running_mean) < 1e-6 and rel(r[5], layer.running_var) < 1e-6
+        assert (
+            rel(r[4], layer.running_mean) < 1e-6 and rel(r[5], layer.running_var) < 1e-6
+        )
 
 
 def evaluations_on_ranks(n):
@@ -57,15 +67,20 @@ def evaluations_on_ranks(n):
     return naive_evaluations(model, dataset)
 
 
-@pytest.mark.parametrize("nprocs,n", [(3, 7)])  # the page checks 2 ranks and 5 samples on every build
+# the page checks 2 ranks and 5 samples on every build
+@pytest.mark.parametrize("nprocs,n", [(3, 7)])
 def test_exact_evaluation_counts_every_sample_once(nprocs, n):
     model, dataset = eval_data(n)
     truth = one_process_mean(model, dataset)
-    ranks = run_ranks(evaluations_on_ranks, nprocs=nprocs, args=(n,), quiet=True, timeout=60)
+    ranks = run_ranks(
+        evaluations_on_ranks, nprocs=nprocs, args=(n,), quiet=True, timeout=60
+    )
     assert all(r == ranks[0] for r in ranks)
-    assert abs(ranks[0]["exact"] / truth - 1) < 1e-6  # fp32 losses, computed in batches of another size
+    # fp32 losses, computed in batches of another size
+    assert abs(ranks[0]["exact"] / truth - 1) < 1e-6
     for name, value in ranks[0].items():
-        if name != "exact":  # padding counts the first samples twice, drop_last skips the last
+        # padding counts the first samples twice, drop_last skips the last
+        if name != "exact":
             assert abs(value / truth - 1) > 0.01, name
 
 
@@ -73,13 +88,19 @@ def padded_sum(model, dataset):
     rank, world_size = dist.get_rank(), dist.get_world_size()
     from torch.utils.data.distributed import DistributedSampler
 
-    mine = list(DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False))
-    total = torch.tensor([per_sample_loss(model, *dataset[mine]).sum().item(), len(mine)], dtype=torch.float64)
+    mine = list(
+        DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+    )
+    total = torch.tensor(
+        [per_sample_loss(model, *dataset[mine]).sum().item(), len(mine)],
+        dtype=torch.float64,
+    )
     dist.all_reduce(total)
     return (total[0] / total[1]).item()
 
 
 def test_the_checker_names_the_padding():
-    """The page runs the checker on its answer (it passes on every build); here, a wrong one."""
+    """The page runs the checker on its answer (it passes on every build); here, a wrong
+    one."""
     with pytest.raises(AssertionError, match="padded shards"):
         check_exact_evaluation(padded_sum)

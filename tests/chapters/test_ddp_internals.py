@@ -1,8 +1,8 @@
-"""The from-scratch DDP wrappers against torch's DDP and against one process, on what the page does
-not run: 4 ranks, BucketedDDP's layout, rank 0's weights, the compile order the page skips, and the
-edge-case models. The page checks its own launches on every build (the wrappers' gradients and
-losses on 2 ranks, the division on 3, the Reducer's buckets, gradient_as_bucket_view, an unused
-parameter reported)."""
+"""The from-scratch DDP wrappers against torch's DDP and against one process, on what
+the page does not run: 4 ranks, BucketedDDP's layout, rank 0's weights, the compile
+order the page skips, and the edge-case models. The page checks its own launches on
+every build (the wrappers' gradients and losses on 2 ranks, the division on 3, the
+Reducer's buckets, gradient_as_bucket_view, an unused parameter reported)."""
 
 import pytest
 import torch
@@ -13,14 +13,24 @@ from distlab.chapters.ddp_internals import FROM_SCRATCH, train_steps
 from distlab.infra.launch import run_ranks
 from distlab.model import GPT, preset
 from distlab.scratch.ddp import BucketedDDP, NaiveDDP
-from support.edge_models import EDGE_MODELS, NEEDS_UNUSED_SEARCH, assert_same_grads, reference, shard, train_wrapped
+from support.edge_models import (
+    EDGE_MODELS,
+    NEEDS_UNUSED_SEARCH,
+    assert_same_grads,
+    reference,
+    shard,
+    train_wrapped,
+)
 
 SMALL_BUCKETS_MB = 0.05  # several buckets even for the tiny model
 
 
 def all_losses():
-    # single inside a process group is still one process's run: the whole batch, no all-reduce
-    return {s: train_steps(s, steps=10)["losses"] for s in ("single", "ddp", *FROM_SCRATCH)}
+    # single inside a process group is still one process's run: the whole batch, no
+    # all-reduce
+    return {
+        s: train_steps(s, steps=10)["losses"] for s in ("single", "ddp", *FROM_SCRATCH)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +40,18 @@ def single_process_losses():
 
 @pytest.mark.parametrize("nprocs", [4])  # the page checks 2 ranks on every build
 def test_n_ranks_train_like_one_process(nprocs, single_process_losses):
-    """N ranks x B/N rows vs 1 process x B rows: the same losses for 10 steps, 1e-5 relative
-    (the harness's ``single`` against ``ddp`` and each from-scratch DDP)."""
+    """N ranks x B/N rows vs 1 process x B rows: the same losses for 10 steps, 1e-5
+    relative (the harness's ``single`` against ``ddp`` and each from-scratch DDP)."""
     per_rank = run_ranks(all_losses, nprocs=nprocs, quiet=True, timeout=300)
-    assert all(r == per_rank[0] for r in per_rank)  # every rank logs the same global loss
-    assert list(per_rank[0]) == ["single", "ddp", "ddp-naive", "ddp-hooks", "ddp-bucketed"]
+    # every rank logs the same global loss
+    assert all(r == per_rank[0] for r in per_rank)
+    assert list(per_rank[0]) == [
+        "single",
+        "ddp",
+        "ddp-naive",
+        "ddp-hooks",
+        "ddp-bucketed",
+    ]
     for strategy, losses in per_rank[0].items():
         assert losses == pytest.approx(single_process_losses, rel=1e-5), strategy
 
@@ -71,14 +88,20 @@ def test_ranks_start_from_rank_0_weights():
 def compile_runs():
     from distlab.chapters.ddp_internals import compiled_ddp
 
-    return {"tiny": compiled_ddp(), "wide, compiled first": compiled_ddp(n_embd=256, compile_first=True)}
+    return {
+        "tiny": compiled_ddp(),
+        "wide, compiled first": compiled_ddp(n_embd=256, compile_first=True),
+    }
 
 
 def test_ddp_optimizer_splits_the_compiled_graph_where_ddp_bucket_sizes_fall_in_either_order():
     runs = run_ranks(compile_runs, nprocs=2, quiet=True, timeout=600)[0]
     assert runs["tiny"]["graphs"] == 1  # 0.41 MiB: all in the first 1 MiB
     wide = runs["wide, compiled first"]  # DDP(torch.compile(model)) is split too
-    assert wide["graphs"] == 2 == len(wide["ddp_buckets"]) and "created 2 buckets" in wide["ddp_optimizer"][0]
+    assert (
+        wide["graphs"] == 2 == len(wide["ddp_buckets"])
+        and "created 2 buckets" in wide["ddp_optimizer"][0]
+    )
 
 
 # ---- models that break wrappers written for one model (tests/support/edge_models.py)
@@ -87,9 +110,9 @@ def test_ddp_optimizer_splits_the_compiled_graph_where_ddp_bucket_sizes_fall_in_
 @pytest.fixture(scope="module", params=[2, 3])
 def edge_cases(request):
     def edge_case_runs():
-        """On each rank: torch DDP and every from-scratch wrapper on every edge-case model, then
-        the unused-parameter model under torch DDP and BucketedDDP without the flag that admits it,
-        and BucketedDDP given two backwards before one sync."""
+        """On each rank: torch DDP and every from-scratch wrapper on every edge-case
+        model, then the unused-parameter model under torch DDP and BucketedDDP without
+        the flag that admits it, and BucketedDDP given two backwards before one sync."""
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         from distlab.scratch.ddp import HookDDP
@@ -100,9 +123,14 @@ def edge_cases(request):
             wrappers = {
                 "ddp": lambda m, s=search: DDP(m, find_unused_parameters=s),
                 "ddp-naive": NaiveDDP,
-                "ddp-hooks": HookDDP,  # not on "data-dependent": its docstring says why it cannot
-                "ddp-bucketed": lambda m, s=search: BucketedDDP(m, bucket_cap_mb=1e-6, find_unused_parameters=s),
-                "ddp-one-bucket": lambda m, s=search: BucketedDDP(m, find_unused_parameters=s),
+                # not on "data-dependent": its docstring says why it cannot
+                "ddp-hooks": HookDDP,
+                "ddp-bucketed": lambda m, s=search: BucketedDDP(
+                    m, bucket_cap_mb=1e-6, find_unused_parameters=s
+                ),
+                "ddp-one-bucket": lambda m, s=search: BucketedDDP(
+                    m, find_unused_parameters=s
+                ),
             }
             for wrapper, wrap in wrappers.items():
                 if (name, wrapper) != ("data-dependent", "ddp-hooks"):
@@ -118,20 +146,36 @@ def edge_cases(request):
             errors["two backwards"] = str(err)
         return runs, errors
 
-    return request.param, run_ranks(edge_case_runs, nprocs=request.param, quiet=True, timeout=300)
+    return request.param, run_ranks(
+        edge_case_runs, nprocs=request.param, quiet=True, timeout=300
+    )
 
 
-def test_every_wrapper_handles_frozen_unused_tied_and_buffers_like_torch_ddp(edge_cases):
-    """Per step, each rank's gradients (None where torch DDP leaves None) equal one process's on
-    the same shards and torch DDP's; the buffers each rank ends with equal torch DDP's there."""
+def test_every_wrapper_handles_frozen_unused_tied_and_buffers_like_torch_ddp(
+    edge_cases,
+):
+    """Per step, each rank's gradients (None where torch DDP leaves None) equal one
+    process's on the same shards and torch DDP's; the buffers each rank ends with equal
+    torch DDP's there."""
     world_size, per_rank = edge_cases
-    assert shard(1, world_size, 0).mean() < 0 < shard(0, world_size, 0).mean()  # "extra" runs on even ranks only
+    # "extra" runs on even ranks only
+    assert shard(1, world_size, 0).mean() < 0 < shard(0, world_size, 0).mean()
     runs = per_rank[0][0]
-    assert {w for _, w in runs} == {"ddp", "ddp-naive", "ddp-hooks", "ddp-bucketed", "ddp-one-bucket"}
+    assert {w for _, w in runs} == {
+        "ddp",
+        "ddp-naive",
+        "ddp-hooks",
+        "ddp-bucketed",
+        "ddp-one-bucket",
+    }
     for name, wrapper in runs:
         one_process = reference(name, world_size)
         for rank, (rank_runs, _) in enumerate(per_rank):
-            got, torch_ddp, what = rank_runs[name, wrapper], rank_runs[name, "ddp"], f"{wrapper} {name} rank {rank}"
+            got, torch_ddp, what = (
+                rank_runs[name, wrapper],
+                rank_runs[name, "ddp"],
+                f"{wrapper} {name} rank {rank}",
+            )
             assert_same_grads(got["grads"], one_process["grads"], what=what)
             assert_same_grads(got["grads"], torch_ddp["grads"], what=what)
             for mine, theirs in zip(got["params"], one_process["params"], strict=True):
@@ -140,10 +184,15 @@ def test_every_wrapper_handles_frozen_unused_tied_and_buffers_like_torch_ddp(edg
                 torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6, msg=what)
 
 
-def test_without_find_unused_parameters_torch_ddp_and_bucketed_ddp_both_refuse(edge_cases):
+def test_without_find_unused_parameters_torch_ddp_and_bucketed_ddp_both_refuse(
+    edge_cases,
+):
     _, per_rank = edge_cases
     for _, errors in per_rank:
-        assert "Expected to have finished reduction in the prior iteration" in errors["ddp"]
+        assert (
+            "Expected to have finished reduction in the prior iteration"
+            in errors["ddp"]
+        )
         assert "find_unused_parameters=True" in errors["ddp"]
         assert "torch DDP stops too" in errors["ddp-bucketed"]
         assert "find_unused_parameters=True" in errors["ddp-bucketed"]

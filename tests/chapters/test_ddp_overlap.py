@@ -1,6 +1,7 @@
-"""The comm hooks' PowerSGD formula on fixed shapes, and the exercise checker catching a wrong hook.
-The page checks its own launches on every build (the timeline's order of events on both wrappers,
-the bytes of every hook against the formula, the losses against fp32)."""
+"""The comm hooks' PowerSGD formula on fixed shapes, and the exercise checker catching a
+wrong hook. The page checks its own launches on every build (the timeline's order of
+events on both wrappers, the bytes of every hook against the formula, the losses against
+fp32)."""
 
 import pytest
 import torch
@@ -11,13 +12,20 @@ from distlab.exercises.ddp_overlap import check_fp16_hook
 
 
 def test_the_powersgd_formula_compresses_only_where_it_pays():
-    # a vector (n x 1) is never compressed; a 4096 x 4096 matrix at rank 4 sends (4096 + 4096) x 4
+    # a vector (n x 1) is never compressed; a 4096 x 4096 matrix at rank 4 sends (4096 +
+    # 4096) x 4
     assert powersgd_elements([(384,)], 4) == {"uncompressed": 384, "P": 0, "Q": 0}
-    assert powersgd_elements([(4096, 4096)], 4) == {"uncompressed": 0, "P": 16384, "Q": 16384}
+    assert powersgd_elements([(4096, 4096)], 4) == {
+        "uncompressed": 0,
+        "P": 16384,
+        "Q": 16384,
+    }
     # (8 + 8) x 4 x 2 = 128 >= 64: not worth it at min_compression_rate 2, sent whole
     assert powersgd_elements([(8, 8)], 4) == {"uncompressed": 64, "P": 0, "Q": 0}
-    assert powersgd_elements([(8, 2, 4)], 4) == {"uncompressed": 64, "P": 0, "Q": 0}  # viewed as 8 x 8
-    assert powersgd_elements([(8, 2, 4)], 1) == {"uncompressed": 0, "P": 8, "Q": 8}  # 16 x 2 < 64: compressed
+    # viewed as 8 x 8
+    assert powersgd_elements([(8, 2, 4)], 4) == {"uncompressed": 64, "P": 0, "Q": 0}
+    # 16 x 2 < 64: compressed
+    assert powersgd_elements([(8, 2, 4)], 1) == {"uncompressed": 0, "P": 8, "Q": 8}
 
 
 def fp16_without_the_division(process_group, bucket):
@@ -32,6 +40,7 @@ def fp16_without_the_division(process_group, bucket):
 
 
 def test_the_checker_catches_a_hook_that_sums_instead_of_averaging():
-    """The page runs the checker on its answer (it passes on every build); here, a wrong one."""
+    """The page runs the checker on its answer (it passes on every build); here, a wrong
+    one."""
     with pytest.raises(AssertionError, match="did you divide by the world size"):
         check_fp16_hook(fp16_without_the_division)

@@ -1,8 +1,8 @@
-"""The DDP step model: its pure functions, its buckets against DDP's rule, its prediction for the
-recorded 1/2/4-rank runs on fixed inputs; the all-reduce cost models; and the halving-doubling
-all-reduce against dist.all_reduce. The page runs the check against this machine on every build
-(torch DDP's real buckets, the alpha-beta fit, the exposed all-reduce) and asserts what does not
-depend on the machine's load."""
+"""The DDP step model: its pure functions, its buckets against DDP's rule, its
+prediction for the recorded 1/2/4-rank runs on fixed inputs; the all-reduce cost models;
+and the halving-doubling all-reduce against dist.all_reduce. The page runs the check
+against this machine on every build (torch DDP's real buckets, the alpha-beta fit, the
+exposed all-reduce) and asserts what does not depend on the machine's load."""
 
 import json
 import math
@@ -35,33 +35,47 @@ FAST = Link("test", alpha=1e-6, busbw=100e9, source="test")
 
 def test_ring_time_is_the_alpha_beta_model_of_the_collectives_page():
     assert ring_all_reduce_s(10**9, 1, FAST) == 0
-    assert ring_all_reduce_s(8e6, 4, FAST) == pytest.approx(6 * 1e-6 + 1.5 * 8e6 / 100e9)
+    assert ring_all_reduce_s(8e6, 4, FAST) == pytest.approx(
+        6 * 1e-6 + 1.5 * 8e6 / 100e9
+    )
 
 
 def test_buckets_follow_ddps_rule_whole_tensors_in_reverse_order():
     grads = gradient_bytes(preset("shakespeare"))
     assert sum(grads) == 4 * 10_770_816
     default = ddp_default_buckets(preset("shakespeare"))
-    assert sum(default) == sum(grads) and default == [2363904, 28391424, 12327936]  # torch DDP's, read on the page
-    assert bucket_sizes([5, 5, 5], cap_bytes=8) == [10, 5]  # closes at the first tensor that reaches the cap
+    # torch DDP's, read on the page
+    assert sum(default) == sum(grads) and default == [2363904, 28391424, 12327936]
+    # closes at the first tensor that reaches the cap
+    assert bucket_sizes([5, 5, 5], cap_bytes=8) == [10, 5]
     assert bucket_sizes([5, 5, 5], cap_bytes=100) == [15]
 
 
 def test_step_exposes_the_last_bucket_on_fast_links_and_everything_without_overlap():
     buckets = [10e6, 10e6, 10e6]
     cost = ring_all_reduce_s(10e6, 8, FAST)
-    fast = ddp_step(1.0, buckets, 8, FAST)  # 1 s of compute hides all but the last bucket
-    assert fast["exposed"] == pytest.approx(cost) and fast["comm"] == pytest.approx(3 * cost)
+    # 1 s of compute hides all but the last bucket
+    fast = ddp_step(1.0, buckets, 8, FAST)
+    assert fast["exposed"] == pytest.approx(cost) and fast["comm"] == pytest.approx(
+        3 * cost
+    )
     serial = ddp_step(1.0, buckets, 8, FAST, overlap=False)
     assert serial["exposed"] == pytest.approx(3 * cost)
     slow = ddp_step(1e-6, buckets, 8, FAST)  # no compute to hide behind
-    assert slow["exposed"] == pytest.approx(3 * cost, rel=1e-3) and slow["efficiency"] < 0.01
+    assert (
+        slow["exposed"] == pytest.approx(3 * cost, rel=1e-3)
+        and slow["efficiency"] < 0.01
+    )
 
 
 def test_smallest_batch_is_the_first_to_reach_the_target():
     cfg, link = preset("gpt2"), GPU_LINKS["100 Gb/s network"]
     b = smallest_batch(cfg, 8, link, GPU_FLOPS)
-    assert efficiency(cfg, b, 8, link, GPU_FLOPS) >= 0.9 > efficiency(cfg, b - 1, 8, link, GPU_FLOPS)
+    assert (
+        efficiency(cfg, b, 8, link, GPU_FLOPS)
+        >= 0.9
+        > efficiency(cfg, b - 1, 8, link, GPU_FLOPS)
+    )
     faster = smallest_batch(cfg, 8, GPU_LINKS["NVLink (one node)"], GPU_FLOPS)
     assert faster < b
     assert smallest_batch_from_nccl_tests(cfg, 8, 12.5, 9.6, GPU_FLOPS) == b
@@ -73,12 +87,18 @@ def test_smallest_batch_is_the_first_to_reach_the_target():
 
 def test_all_reduce_cost_models():
     a, bw = 5e-6, 50e9
-    assert costs.halving_doubling_s(1e6, 2, a, bw) == pytest.approx(costs.ring_s(1e6, 2, a, bw))
-    assert costs.tree_s(1e3, 64, a, bw) < costs.ring_s(1e3, 64, a, bw)  # log2 N latency wins small messages
+    assert costs.halving_doubling_s(1e6, 2, a, bw) == pytest.approx(
+        costs.ring_s(1e6, 2, a, bw)
+    )
+    # log2 N latency wins small messages
+    assert costs.tree_s(1e3, 64, a, bw) < costs.ring_s(1e3, 64, a, bw)
     big = 1e10
-    assert costs.in_network_s(big, a, bw) / costs.ring_s(big, 64, a, bw) == pytest.approx(64 / 126, rel=1e-2)
+    assert costs.in_network_s(big, a, bw) / costs.ring_s(
+        big, 64, a, bw
+    ) == pytest.approx(64 / 126, rel=1e-2)
     one_node = costs.hierarchical_s(1e6, 1, 8, (a, bw), (a, bw))
-    assert one_node == pytest.approx(costs.ring_s(1e6, 8, a, bw))  # reduce-scatter + all-gather is the ring
+    # reduce-scatter + all-gather is the ring
+    assert one_node == pytest.approx(costs.ring_s(1e6, 8, a, bw))
 
 
 def _against_all_reduce() -> list:
@@ -93,7 +113,15 @@ def _against_all_reduce() -> list:
         sent = []
         halving_doubling.halving_doubling_all_reduce(i, sent)
         halving_doubling.halving_doubling_all_reduce(x)
-        out.append((numel, torch.equal(i, i_ref), (x - x_ref).abs().max().item(), len(sent), sum(sent)))
+        out.append(
+            (
+                numel,
+                torch.equal(i, i_ref),
+                (x - x_ref).abs().max().item(),
+                len(sent),
+                sum(sent),
+            )
+        )
     t = torch.arange(12.0).reshape(3, 4).t() * (rank + 1)  # non-contiguous
     halving_doubling.halving_doubling_all_reduce(t)
     out.append(torch.equal(t, torch.arange(12.0).reshape(3, 4).t() * n * (n + 1) / 2))
@@ -108,7 +136,8 @@ def test_halving_doubling_equals_dist_all_reduce_in_2_log2_n_messages():
         for numel, ints_equal, worst, messages, elements in cases:
             assert ints_equal and worst < 1e-4
             assert messages == 2 * math.log2(n)  # the ring: 2(N-1) = 6
-            assert abs(elements - 2 * (n - 1) / n * numel) <= 2 * math.log2(n)  # the ring's bytes, give or take
+            # the ring's bytes, give or take
+            assert abs(elements - 2 * (n - 1) / n * numel) <= 2 * math.log2(n)
 
 
 def test_halving_doubling_refuses_a_world_size_that_is_not_a_power_of_two(monkeypatch):
@@ -119,15 +148,20 @@ def test_halving_doubling_refuses_a_world_size_that_is_not_a_power_of_two(monkey
 
 
 def test_on_an_infinitely_fast_link_the_recorded_runs_are_predicted_at_lab_1s_speed():
-    """N ranks sharing the same 2 cores split lab 1's step N ways in 1/N of the machine: the same
-    time; with nothing to send, the model's tokens/s at every rank count are lab 1's."""
+    """N ranks sharing the same 2 cores split lab 1's step N ways in 1/N of the machine:
+    the same time; with nothing to send, the model's tokens/s at every rank count are
+    lab 1's."""
     runs = json.loads(RECORDED.read_text())["runs"]
     lab1 = next(r for r in runs if r["lab"] == "lab1_single")
     rows = recorded_runs_check(Link("free", alpha=0.0, busbw=math.inf, source="test"))
     assert [row["ranks"] for row in rows] == [1, 2, 4]
     for row in rows:
-        lab2 = next(r for r in runs if r["lab"] == "lab2_ddp" and r["world_size"] == row["ranks"])
-        assert row["predicted"] == pytest.approx(lab1["tokens_per_s"])
-        assert row["measured"] == lab2["tokens_per_s"] and row["ratio"] == pytest.approx(
-            row["predicted"] / row["measured"]
+        lab2 = next(
+            r
+            for r in runs
+            if r["lab"] == "lab2_ddp" and r["world_size"] == row["ranks"]
         )
+        assert row["predicted"] == pytest.approx(lab1["tokens_per_s"])
+        assert row["measured"] == lab2["tokens_per_s"] and row[
+            "ratio"
+        ] == pytest.approx(row["predicted"] / row["measured"])

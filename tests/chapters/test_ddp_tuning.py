@@ -1,6 +1,7 @@
-"""The learning-rate rules on fixed inputs and the exercise's checker catching wrong answers. The page
-checks its own launches on every build (collectives and peaks per flag, the cases static_graph
-enables and the ones it breaks, N ranks at batch B against one process at N x B)."""
+"""The learning-rate rules on fixed inputs and the exercise's checker catching wrong
+answers. The page checks its own launches on every build (collectives and peaks per
+flag, the cases static_graph enables and the ones it breaks, N ranks at batch B against
+one process at N x B)."""
 
 import math
 
@@ -19,19 +20,28 @@ def rel(a, b):
 def test_learning_rate_rules():
     assert learning_rate("unscaled", 4, 0, 16) == BASE_LR
     assert learning_rate("linear", 4, 0, 16) == 4 * BASE_LR
-    assert [learning_rate("sqrt + warm-up", 4, s, 16) / BASE_LR for s in range(5)] == [0.5, 1.0, 1.5, 2.0, 2.0]
+    assert [learning_rate("sqrt + warm-up", 4, s, 16) / BASE_LR for s in range(5)] == [
+        0.5,
+        1.0,
+        1.5,
+        2.0,
+        2.0,
+    ]
 
 
 def scaled_lr(base_lr, base_batch, global_batch, rule, step, warmup_steps):
     if global_batch <= 0 or global_batch % base_batch:
-        raise ValueError(f"global batch {global_batch} is not a multiple of {base_batch}")
+        raise ValueError(
+            f"global batch {global_batch} is not a multiple of {base_batch}"
+        )
     k = global_batch // base_batch
     peak = base_lr * {"linear": k, "sqrt": math.sqrt(k)}[rule]
     return peak * min(1.0, (step + 1) / warmup_steps) if warmup_steps else peak
 
 
 def test_the_checker_names_a_late_warm_up_and_a_missing_refusal():
-    """The page runs the checker on its answer, this scaled_lr (it passes on every build)."""
+    """The page runs the checker on its answer, this scaled_lr (it passes on every
+    build)."""
 
     def one_step_behind(base_lr, base_batch, global_batch, rule, step, warmup_steps):
         peak = scaled_lr(base_lr, base_batch, global_batch, rule, step, 0)
@@ -40,4 +50,6 @@ def test_the_checker_names_a_late_warm_up_and_a_missing_refusal():
     with pytest.raises(AssertionError, match="one step behind"):
         check_scaled_lr(one_step_behind)
     with pytest.raises(AssertionError, match="should raise ValueError"):
-        check_scaled_lr(lambda *a: scaled_lr(*a) if a[2] > 0 and a[2] % a[1] == 0 else 1.0)
+        check_scaled_lr(
+            lambda *a: scaled_lr(*a) if a[2] > 0 and a[2] % a[1] == 0 else 1.0
+        )

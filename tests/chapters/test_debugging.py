@@ -1,12 +1,13 @@
-"""The debugging chapter: what book/debugging.md does not run. The page provokes each failure
-(a skipped collective, a dead rank, mismatched shapes under DETAIL, collectives that pair up
-silently, Lockstep, replicas that drift apart, a late rank at a monitored barrier, stack dumps of
-a hung rank, the exit-order deadlock) and asserts what each rank saw on every build. Here: gloo's
-abort on other sizes, torch's DDP keeping replicas equal, the labs freeing their DDP model before
-destroying the group, and the exercise checker failing the exercise's own program.
+"""The debugging chapter: what book/debugging.md does not run. The page provokes each
+failure (a skipped collective, a dead rank, mismatched shapes under DETAIL, collectives
+that pair up silently, Lockstep, replicas that drift apart, a late rank at a monitored
+barrier, stack dumps of a hung rank, the exit-order deadlock) and asserts what each rank
+saw on every build. Here: gloo's abort on other sizes, torch's DDP keeping replicas
+equal, the labs freeing their DDP model before destroying the group, and the exercise
+checker failing the exercise's own program.
 
-Every launch has a wall-clock limit (run_ranks' ``timeout``) and a short process-group timeout,
-so a regression fails a test instead of hanging the suite.
+Every launch has a wall-clock limit (run_ranks' ``timeout``) and a short process-group
+timeout, so a regression fails a test instead of hanging the suite.
 """
 
 import os
@@ -34,10 +35,19 @@ def sizes_differ(folder, sizes):
 
 def test_without_detail_other_sizes_abort_a_rank_inside_gloo(tmp_path):
     with pytest.raises(RankFailed) as info:
-        run_ranks(sizes_differ, args=(str(tmp_path), (1, 1000)), pg_timeout=T, timeout=LIMIT, quiet=True)
+        run_ranks(
+            sizes_differ,
+            args=(str(tmp_path), (1, 1000)),
+            pg_timeout=T,
+            timeout=LIMIT,
+            quiet=True,
+        )
     assert info.value.rank == 0 and info.value.summary == "exit code -6 (SIGABRT)"
     stderr = (tmp_path / "stderr0").read_text()
-    assert "gloo::EnforceNotMet" in stderr and "Received data size doesn't match expected size" in stderr
+    assert (
+        "gloo::EnforceNotMet" in stderr
+        and "Received data size doesn't match expected size" in stderr
+    )
 
 
 def test_torch_ddp_keeps_the_replicas_equal_on_the_same_model():
@@ -47,13 +57,15 @@ def test_torch_ddp_keeps_the_replicas_equal_on_the_same_model():
 
 @pytest.mark.parametrize("lab", ["lab2_ddp", "lab3_grad_accum", "lab6_accelerate"])
 def test_labs_free_their_ddp_model_before_they_destroy_the_group(lab, tmp_path):
-    # tests/support/freed_before_destroy.py fails destroy_process_group while any DDP model is alive;
-    # --track-memory too, since the tracker's helper holds the model as well
+    # tests/support/freed_before_destroy.py fails destroy_process_group while any DDP
+    # model is alive; --track-memory too, since the tracker's helper holds the model as
+    # well
     args = [
         "--preset",
         "tiny",
         "--steps",
-        "2",  # the memory tracker (and its helper, which holds the model) starts at the 2nd
+        # the memory tracker (and its helper, which holds the model) starts at the 2nd
+        "2",
         "--batch-size",
         "8",
         "--sample-chars",
@@ -89,5 +101,8 @@ def share_weights_in_two_branches(broadcast):  # the program of the exercise
 @pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
 def test_lockstep_broadcast_checker_fails_the_exercises_program():
     # the page runs the checker on its solution, which passes, on every build
-    with pytest.raises(AssertionError, match=r"Lockstep stopped your program on 3 ranks(.|\n)*rank 1: #0 broadcast"):
+    with pytest.raises(
+        AssertionError,
+        match=r"Lockstep stopped your program on 3 ranks(.|\n)*rank 1: #0 broadcast",
+    ):
         check_lockstep_broadcast(share_weights_in_two_branches)

@@ -1,8 +1,9 @@
-"""What book/fault_tolerance.md does not run: exact resume for lab 3 (the page resumes lab 2,
-book/checkpoints.md lab 4), a save killed at its second moment (before .metadata; the page kills
-it before the rename), the rules of pruning and of --resume, and the exercise checker catching
-wrong answers. The page asserts the rest: the lab 2 checkpoint's contents and the newest 3 kept,
-exact resume, a save killed before its rename, torchrun restarting a group that lost a rank."""
+"""What book/fault_tolerance.md does not run: exact resume for lab 3 (the page resumes
+lab 2, book/checkpoints.md lab 4), a save killed at its second moment (before .metadata;
+the page kills it before the rename), the rules of pruning and of --resume, and the
+exercise checker catching wrong answers. The page asserts the rest: the lab 2
+checkpoint's contents and the newest 3 kept, exact resume, a save killed before its
+rename, torchrun restarting a group that lost a rank."""
 
 import dataclasses
 import json
@@ -34,7 +35,8 @@ FAST = [
     "0",
     "--no-progress",
 ]
-LABS = {"lab3_grad_accum.py": ["--micro-batch-size", "4"]}  # lab 2: the page; lab 4: checkpoints.md
+# lab 2: the page; lab 4: checkpoints.md
+LABS = {"lab3_grad_accum.py": ["--micro-batch-size", "4"]}
 
 
 def lab(name: str) -> str:
@@ -52,29 +54,50 @@ def test_resuming_reproduces_the_run_bit_for_bit(name, tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run_script(lab(name), [*args, "--out", straight], nprocs=2, timeout=120, quiet=True)
     step3 = straight / "checkpoints" / "step_000003"
-    run_script(lab(name), [*args, "--resume", step3, "--out", resumed], nprocs=2, timeout=120, quiet=True)
+    run_script(
+        lab(name),
+        [*args, "--resume", step3, "--out", resumed],
+        nprocs=2,
+        timeout=120,
+        quiet=True,
+    )
 
     assert [m["step"] for m in read_metrics(resumed)] == [3, 4, 5]
-    assert losses(resumed) == losses(straight)[3:]  # exactly: same bits, not a tolerance
-    assert read_summary(resumed)["final_val_loss"] == read_summary(straight)["final_val_loss"]
+    # exactly: same bits, not a tolerance
+    assert losses(resumed) == losses(straight)[3:]
+    assert (
+        read_summary(resumed)["final_val_loss"]
+        == read_summary(straight)["final_val_loss"]
+    )
 
-    state = json.loads((step3 / "train_state.json").read_text())  # the global part, in words
+    # the global part, in words
+    state = json.loads((step3 / "train_state.json").read_text())
     assert (state["step"], state["world_size"], state["data"]["next_step"]) == (3, 2, 3)
     keys = FileSystemReader(step3).read_metadata().state_dict_metadata
     assert {"app.rng.rank0.cpu", "app.rng.rank1.cpu"} <= keys.keys()  # per rank
-    assert "app.model.wte.weight" in keys and "app.optim.state.wte.weight.exp_avg" in keys
-    assert not any(".module." in k for k in keys)  # DDP's wrapper prefix is not in the checkpoint
+    assert (
+        "app.model.wte.weight" in keys and "app.optim.state.wte.weight.exp_avg" in keys
+    )
+    # DDP's wrapper prefix is not in the checkpoint
+    assert not any(".module." in k for k in keys)
 
 
 def test_prune_and_resume_point_rules(tmp_path):
     for step in (1, 2, 3):
         (tmp_path / f"step_{step:06d}").mkdir()
         (tmp_path / f"step_{step:06d}" / "done").write_text("")
-    (tmp_path / "step_000004.partial").mkdir()  # unfinished: never counted, never pruned here
+    # unfinished: never counted, never pruned here
+    (tmp_path / "step_000004.partial").mkdir()
     assert resume_point("auto", tmp_path, holds=("done",)) == tmp_path / "step_000003"
     assert prune(tmp_path, 0, holds=("done",)) == []
-    assert [p.name for p in prune(tmp_path, 1, holds=("done",))] == ["step_000001", "step_000002"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000003", "step_000004.partial"]
+    assert [p.name for p in prune(tmp_path, 1, holds=("done",))] == [
+        "step_000001",
+        "step_000002",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step_000003",
+        "step_000004.partial",
+    ]
     empty = tmp_path / "empty"
     assert resume_point("auto", empty) is None and resume_point("", empty) is None
     with pytest.raises(UserError, match="--resume auto starts from step 0"):
@@ -97,29 +120,52 @@ def run_until_killed(args: list, marker: Path, timeout: float = 120) -> RankFail
 
 
 def test_a_save_killed_before_its_metadata_leaves_the_previous_checkpoint(tmp_path):
-    """Kill rank 0 inside the second save (step 4) once every shard is written, before DCP's
-    .metadata: step 2 must still load, and resuming from it must redo steps 2 and 3 as the
-    killed run took them. (The page kills a save at its other moment, before the rename.)"""
+    """Kill rank 0 inside the second save (step 4) once every shard is written, before
+    DCP's .metadata: step 2 must still load, and resuming from it must redo steps 2 and
+    3 as the killed run took them. (The page kills a save at its other moment, before
+    the rename.)"""
     args = [*FAST, "--steps", "6", "--checkpoint-every", "2"]
     out, marker = tmp_path / "out", tmp_path / "stalled"
     stall = ["--stall", "before-metadata", "--save", "2", "--marker", marker]
-    failure = run_until_killed([*stall, lab("lab2_ddp.py"), *args, "--out", out], marker)
-    assert failure.rank == 0 and ("-9" in failure.summary or "SIGKILL" in failure.summary), failure
+    failure = run_until_killed(
+        [*stall, lab("lab2_ddp.py"), *args, "--out", out], marker
+    )
+    assert failure.rank == 0 and (
+        "-9" in failure.summary or "SIGKILL" in failure.summary
+    ), failure
 
     folder = out / "checkpoints"
     half = folder / "step_000004.partial"
-    assert sorted(p.name for p in folder.iterdir()) == ["step_000002", "step_000004.partial"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "step_000002",
+        "step_000004.partial",
+    ]
     assert not (half / ".metadata").exists()  # where it was killed
     assert not (half / "train_state.json").exists()
     assert latest(folder) == folder / "step_000002"
-    inspect_checkpoint(folder / "step_000002")  # complete: every file, every byte its index names
+    # complete: every file, every byte its index names
+    inspect_checkpoint(folder / "step_000002")
 
-    run_script(lab("lab2_ddp.py"), [*args, "--resume", "latest", "--out", out], nprocs=2, timeout=120, quiet=True)
-    kept = out / "metrics.before_step_000002.jsonl"  # the killed run's log: steps 0-3, then the kill
-    killed_run = {m["step"]: m["loss"] for m in map(json.loads, kept.read_text().splitlines())}
+    run_script(
+        lab("lab2_ddp.py"),
+        [*args, "--resume", "latest", "--out", out],
+        nprocs=2,
+        timeout=120,
+        quiet=True,
+    )
+    # the killed run's log: steps 0-3, then the kill
+    kept = out / "metrics.before_step_000002.jsonl"
+    killed_run = {
+        m["step"]: m["loss"] for m in map(json.loads, kept.read_text().splitlines())
+    }
     assert [m["step"] for m in read_metrics(out)] == [2, 3, 4, 5]
-    assert losses(out)[:2] == [killed_run[2], killed_run[3]]  # exactly: the steps both runs took
-    assert sorted(p.name for p in folder.iterdir()) == ["step_000002", "step_000004", "step_000006"]
+    # exactly: the steps both runs took
+    assert losses(out)[:2] == [killed_run[2], killed_run[3]]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "step_000002",
+        "step_000004",
+        "step_000006",
+    ]
 
 
 # ---------------------------------------------------------------- Resume and fault tolerance, exercise 4
@@ -142,7 +188,8 @@ def _stall_in_write_data(save_number, marker, items_written):
 
 
 def stall_before_shard_write(save_number, marker):
-    _stall_in_write_data(save_number, marker, lambda items: [])  # an empty file: nothing written yet
+    # an empty file: nothing written yet
+    _stall_in_write_data(save_number, marker, lambda items: [])
 
 
 def stall_in_finish(save_number, marker):
@@ -153,14 +200,21 @@ def stall_in_finish(save_number, marker):
         while True:
             time.sleep(1)
 
-    # finish writes .metadata on the coordinator, rank 0: in rank 1 this patch never runs
+    # finish writes .metadata on the coordinator, rank 0: in rank 1 this patch never
+    # runs
     FileSystemWriter.finish = patched
 
 
 @pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
 def test_kill_during_shard_writes_checker_catches_wrong_answers():
-    # the right answer passes on every build of book/fault_tolerance.md (its exercise 4 cell)
-    with pytest.raises(AssertionError, match="rank 1's __1_0.distcp is empty: the kill landed before its writes"):
+    # the right answer passes on every build of book/fault_tolerance.md (its exercise 4
+    # cell)
+    with pytest.raises(
+        AssertionError,
+        match="rank 1's __1_0.distcp is empty: the kill landed before its writes",
+    ):
         check_kill_during_shard_writes(stall_before_shard_write)
-    with pytest.raises(AssertionError, match="lab 2 finished: your stall never made rank 1 wait"):
+    with pytest.raises(
+        AssertionError, match="lab 2 finished: your stall never made rank 1 wait"
+    ):
         check_kill_during_shard_writes(stall_in_finish)

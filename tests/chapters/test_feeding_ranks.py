@@ -1,7 +1,8 @@
-"""Feeding the ranks: DistributedSampler's exact rules, sharding by rank x worker set by hand,
-mp.spawn's pickling. The page checks its own launches on every build (the two loading strategies
-against one process, seeds and DataLoader workers inside two ranks, the spawn example against
-torchrun); these tests cover the rules over many sizes, the error paths and the exercises."""
+"""Feeding the ranks: DistributedSampler's exact rules, sharding by rank x worker set by
+hand, mp.spawn's pickling. The page checks its own launches on every build (the two
+loading strategies against one process, seeds and DataLoader workers inside two ranks,
+the spawn example against torchrun); these tests cover the rules over many sizes, the
+error paths and the exercises."""
 
 import numpy as np
 import pytest
@@ -26,15 +27,20 @@ SIZES = [(n, N) for n in range(1, 23) for N in range(1, 8)]
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_the_rule_written_out_matches_the_sampler(shuffle, drop_last):
-    """Pad from the start of the order (or cut its tail), then deal rank r positions r::N."""
+    """Pad from the start of the order (or cut its tail), then deal rank r positions
+    r::N."""
     for n, N in SIZES:
         for epoch in (0, 3):
-            got = sampler_epochs(n, N, epochs=epoch + 1, shuffle=shuffle, drop_last=drop_last)[epoch]
+            got = sampler_epochs(
+                n, N, epochs=epoch + 1, shuffle=shuffle, drop_last=drop_last
+            )[epoch]
             order = epoch_order(n, epoch, shuffle)
             assert got == expected_shards(order, N, drop_last), (n, N, epoch)
             layout = expected_layout(n, N, drop_last)
             assert [len(s) for s in got] == [layout.per_rank] * N
-            sampler = DistributedSampler(range(n), num_replicas=N, rank=N - 1, drop_last=drop_last)
+            sampler = DistributedSampler(
+                range(n), num_replicas=N, rank=N - 1, drop_last=drop_last
+            )
             assert len(sampler) == layout.per_rank
 
 
@@ -43,10 +49,21 @@ def test_sampler_lengths_round_up_without_drop_last_and_down_with_it():
     dropping = DistributedSampler(range(10), num_replicas=4, rank=0, drop_last=True)
     assert (len(plain), len(dropping)) == (3, 2)
     layout = expected_layout(10, 4, drop_last=False)
-    assert (layout.per_rank, layout.total, layout.padded, layout.dropped) == (3, 12, 2, 0)
+    assert (layout.per_rank, layout.total, layout.padded, layout.dropped) == (
+        3,
+        12,
+        2,
+        0,
+    )
     layout = expected_layout(10, 4, drop_last=True)
-    assert (layout.per_rank, layout.total, layout.padded, layout.dropped) == (2, 8, 0, 2)
-    assert expected_layout(3, 4, drop_last=True).per_rank == 0  # fewer samples than ranks
+    assert (layout.per_rank, layout.total, layout.padded, layout.dropped) == (
+        2,
+        8,
+        0,
+        2,
+    )
+    # fewer samples than ranks
+    assert expected_layout(3, 4, drop_last=True).per_rank == 0
 
 
 @pytest.mark.parametrize("n,N", [(10, 3), (12, 4), (101, 8), (7, 7)])
@@ -54,7 +71,8 @@ def test_with_drop_last_the_shards_are_disjoint_and_cover_all_but_the_tail(n, N)
     shards = sampler_epochs(n, N, drop_last=True)[0]
     seen = [i for shard in shards for i in shard]
     assert len(seen) == len(set(seen)) == n - n % N  # disjoint; n % N samples skipped
-    assert set(seen) == set(epoch_order(n, 0)[: n - n % N])  # the skipped ones: the tail
+    # the skipped ones: the tail
+    assert set(seen) == set(epoch_order(n, 0)[: n - n % N])
 
 
 @pytest.mark.parametrize("n,N", [(10, 3), (10, 4), (2, 5), (101, 8)])
@@ -98,16 +116,27 @@ def test_spawn_needs_a_function_it_can_pickle_by_name():
     assert "pickle" in try_spawn(lambda rank: None, nprocs=1, timeout=60).lower()
 
 
-@pytest.mark.parametrize("n,world,workers", [(64, 2, 2), (1003, 3, 2), (5, 3, 2)])  # at most 2 workers: CI has 2 cores
-def test_sharded_iterable_reads_each_item_once_with_ranks_set_by_hand(n, world, workers):
-    """Ranks simulated in one process (rank and world_size passed), real DataLoader workers."""
+# at most 2 workers: CI has 2 cores
+@pytest.mark.parametrize("n,world,workers", [(64, 2, 2), (1003, 3, 2), (5, 3, 2)])
+def test_sharded_iterable_reads_each_item_once_with_ranks_set_by_hand(
+    n, world, workers
+):
+    """Ranks simulated in one process (rank and world_size passed), real DataLoader
+    workers."""
     reads = []
     for rank in range(world):
-        loader = DataLoader(ShardedIterable(list(range(n)), rank, world), batch_size=None, num_workers=workers)
+        loader = DataLoader(
+            ShardedIterable(list(range(n)), rank, world),
+            batch_size=None,
+            num_workers=workers,
+        )
         reads.append([int(i) for i in loader])
     assert visit_counts(reads, n) == [1] * n
     assert [len(r) for r in reads] == [sum(s) for s in shard_sizes(n, world, workers)]
-    single = [int(i) for i in DataLoader(ShardedIterable(list(range(n)), 0, 1), batch_size=None)]
+    single = [
+        int(i)
+        for i in DataLoader(ShardedIterable(list(range(n)), 0, 1), batch_size=None)
+    ]
     assert single == list(range(n))  # no workers, one rank: the whole stream, in order
 
 
@@ -124,13 +153,21 @@ def test_sharded_iterable_rejects_a_half_given_or_impossible_rank():
 
 def seed_dataset_rng(worker_id):
     info = get_worker_info()
-    info.dataset.rng = np.random.default_rng(info.seed)  # info.seed = base_seed + worker_id
+    # info.seed = base_seed + worker_id
+    info.dataset.rng = np.random.default_rng(info.seed)
 
 
 def test_a_worker_init_fn_gives_each_worker_its_own_dataset_rng():
-    """The answer to the page's last exercise: without it both workers draw the same numbers."""
+    """The answer to the page's last exercise: without it both workers draw the same
+    numbers."""
     for init_fn, copied in ((None, True), (seed_dataset_rng, False)):
         torch.manual_seed(0)
-        items = list(DataLoader(SeedProbe(6), batch_size=None, num_workers=2, worker_init_fn=init_fn))
-        per_worker = [[d["dataset's rng"] for d in items if d["worker"] == w] for w in (0, 1)]
+        items = list(
+            DataLoader(
+                SeedProbe(6), batch_size=None, num_workers=2, worker_init_fn=init_fn
+            )
+        )
+        per_worker = [
+            [d["dataset's rng"] for d in items if d["worker"] == w] for w in (0, 1)
+        ]
         assert (per_worker[0] == per_worker[1]) is copied

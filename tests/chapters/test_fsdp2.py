@@ -1,7 +1,8 @@
-"""FSDP2 on our GPT: what the page (book/fsdp2.md) does not run. The page's launches (shards,
-averaging, meta init, resharding, mixed precision, different seeds, training on 2 and 4 ranks and
-HSDP against one process) are asserted by the page itself on every build. Here: apply_fsdp's own
-refusal of ranks with different weights, the benchmark's peak tracking, and bad strategy names."""
+"""FSDP2 on our GPT: what the page (book/fsdp2.md) does not run. The page's launches
+(shards, averaging, meta init, resharding, mixed precision, different seeds, training on
+2 and 4 ranks and HSDP against one process) are asserted by the page itself on every
+build. Here: apply_fsdp's own refusal of ranks with different weights, the benchmark's
+peak tracking, and bad strategy names."""
 
 import pytest
 
@@ -15,7 +16,8 @@ STEPS = 2
 
 
 def _refused_by_apply_fsdp(seed: int) -> str | None:
-    """apply_fsdp on a GPT built from ``seed``: the UserError's message, or None if it sharded."""
+    """apply_fsdp on a GPT built from ``seed``: the UserError's message, or None if it
+    sharded."""
     try:
         apply_fsdp(experiment.gpt("tiny", seed))
     except UserError as error:
@@ -30,7 +32,8 @@ def _two_rank_checks():
         "refused": _refused_by_apply_fsdp(seed=dist.get_rank()),  # a seed per rank
         "accepted": _refused_by_apply_fsdp(seed=7),  # the same seed everywhere
         "untracked": fsdp2.train("fsdp2", "tiny", steps=STEPS),
-        "tracked": fsdp2.train("fsdp2", "tiny", steps=STEPS, track_peak=True),  # the benchmark's run
+        # the benchmark's run
+        "tracked": fsdp2.train("fsdp2", "tiny", steps=STEPS, track_peak=True),
     }
 
 
@@ -47,14 +50,22 @@ def test_apply_fsdp_refuses_ranks_with_different_weights(two):
 
 def test_the_benchmark_tracks_the_peak_of_the_last_step_only(two):
     tracked, untracked = two[0]["tracked"], two[0]["untracked"]
-    assert tracked["losses"] == untracked["losses"]  # tracking changes nothing it measures
-    assert untracked["peak"] is None and tracked["peak"]["Total"] > tracked["state_bytes"]["params"]
+    # tracking changes nothing it measures
+    assert tracked["losses"] == untracked["losses"]
+    assert (
+        untracked["peak"] is None
+        and tracked["peak"]["Total"] > tracked["state_bytes"]["params"]
+    )
     assert tracked["state_bytes"] == untracked["state_bytes"]
 
 
 def test_unknown_strategy_is_refused():
-    with pytest.raises(ValueError, match="unknown strategy 'zero4'; choose one of single, ddp, .*fsdp2-bf16"):
+    with pytest.raises(
+        ValueError,
+        match="unknown strategy 'zero4'; choose one of single, ddp, .*fsdp2-bf16",
+    ):
         experiment.strategy("zero4")
-    with pytest.raises(ValueError, match="unknown strategy 'fsdp2_bf16'"):  # hyphens, everywhere
+    # hyphens, everywhere
+    with pytest.raises(ValueError, match="unknown strategy 'fsdp2_bf16'"):
         fsdp2.train("fsdp2_bf16")
     assert set(fsdp2.STRATEGIES) <= set(experiment.STRATEGIES)

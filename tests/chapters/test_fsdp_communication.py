@@ -1,6 +1,7 @@
-"""What FSDP2 sends: the page (book/fsdp_communication.md) runs every variant and every switch on 4
-gloo ranks in one launch and asserts on every build what they count (the bytes per collective kind,
-gloo's doubled reduce-scatter, the switches' skipped collectives and their gradients). Here: Psi."""
+"""What FSDP2 sends: the page (book/fsdp_communication.md) runs every variant and every
+switch on 4 gloo ranks in one launch and asserts on every build what they count (the
+bytes per collective kind, gloo's doubled reduce-scatter, the switches' skipped
+collectives and their gradients). Here: Psi."""
 
 from distlab.chapters.fsdp_communication import parameter_bytes
 from distlab.infra.experiment import gpt

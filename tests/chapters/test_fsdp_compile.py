@@ -1,8 +1,8 @@
-"""FSDP2 with torch.compile: the benchmark's smoke path and the exercise's bad input. The page
-(book/fsdp_compile.md) runs every order on 2 ranks in one launch and asserts on every build what
-they give (one graph per identical block with the checkpoint inside, eager FSDP2's losses bit for
-bit with aot_eager, the other orders' outcomes) and that the exercise's judge fails each wrong
-order on those runs."""
+"""FSDP2 with torch.compile: the benchmark's smoke path and the exercise's bad input.
+The page (book/fsdp_compile.md) runs every order on 2 ranks in one launch and asserts on
+every build what they give (one graph per identical block with the checkpoint inside,
+eager FSDP2's losses bit for bit with aot_eager, the other orders' outcomes) and that
+the exercise's judge fails each wrong order on those runs."""
 
 import json
 
@@ -34,14 +34,17 @@ def _smoke(out: str) -> dict:
 
 
 def test_bench_smoke_path(tmp_path):
-    """One process (a rank forked with torch and Dynamo imported already), FSDP2 on a group of one."""
+    """One process (a rank forked with torch and Dynamo imported already), FSDP2 on a
+    group of one."""
     out = tmp_path / "bench.json"
     bench = run_ranks(_smoke, nprocs=1, args=(str(out),), timeout=240, quiet=True)[0]
     eager, compiled = bench["runs"]
     assert eager["unique_graphs"] == 0 and compiled["unique_graphs"] == 1
     assert bench["comparison"]["loss_max_abs_diff"] == 0.0  # aot_eager, fp32
     written = json.loads(out.read_text())
-    assert written["provenance"]["command"].startswith("python -m distlab.bench.fsdp_compile --device cpu")
+    assert written["provenance"]["command"].startswith(
+        "python -m distlab.bench.fsdp_compile --device cpu"
+    )
 
 
 def test_the_checker_wants_a_function():

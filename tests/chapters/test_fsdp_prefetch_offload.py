@@ -1,7 +1,8 @@
 """FSDP2 prefetching and CPU offload: the offload benchmark's CPU smoke run. The page
-(book/fsdp_prefetch_offload.md) runs every prefetch setting and the offload tour on 2 gloo ranks
-in one launch and asserts on every build what they hold and issue, that CPUOffloadPolicy on CPU
-ranks changes only its flag, and that the exercise's verdict rejects wrong timelines."""
+(book/fsdp_prefetch_offload.md) runs every prefetch setting and the offload tour on 2
+gloo ranks in one launch and asserts on every build what they hold and issue, that
+CPUOffloadPolicy on CPU ranks changes only its flag, and that the exercise's verdict
+rejects wrong timelines."""
 
 import json
 import os
@@ -15,7 +16,15 @@ def test_offload_benchmark_smoke_run_on_the_cpu(tmp_path):
     out = tmp_path / "offload.json"
     env = dict(os.environ, DISTLAB_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
     subprocess.run(
-        [sys.executable, "-m", "distlab.bench.fsdp_offload", "--device", "cpu", "--out", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "distlab.bench.fsdp_offload",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
         cwd=REPO_ROOT,
         env=env,
         check=True,
@@ -24,7 +33,16 @@ def test_offload_benchmark_smoke_run_on_the_cpu(tmp_path):
     )
     result = json.loads(out.read_text())
     runs = result["runs"]
-    assert [(r["dtype"], r["offload"]) for r in runs] == [("fp32", False), ("fp32", True)]
-    assert runs[0]["losses"] == runs[1]["losses"]  # the same steps with the shards offloaded
-    assert all(r["peak_gpu_bytes"] is None and len(r["step_s"]) == result["settings"]["steps"] for r in runs)
-    assert result["provenance"]["command"].startswith("python -m distlab.bench.fsdp_offload --device cpu")
+    assert [(r["dtype"], r["offload"]) for r in runs] == [
+        ("fp32", False),
+        ("fp32", True),
+    ]
+    # the same steps with the shards offloaded
+    assert runs[0]["losses"] == runs[1]["losses"]
+    assert all(
+        r["peak_gpu_bytes"] is None and len(r["step_s"]) == result["settings"]["steps"]
+        for r in runs
+    )
+    assert result["provenance"]["command"].startswith(
+        "python -m distlab.bench.fsdp_offload --device cpu"
+    )

@@ -1,8 +1,9 @@
-"""Multi-node: what book/multi_node.md does not run. The page runs the nodes (the rendezvous,
-a node that never arrives, the SLURM script training lab 2 against lab 1's baseline, an --out on
-each node's own disk) and asserts each result on every build; here are the error paths and the
-plumbing: a timeout that reaches every process, a taken rendezvous port, the batch script's
-syntax and directives, and a worker that starts without torch.
+"""Multi-node: what book/multi_node.md does not run. The page runs the nodes (the
+rendezvous, a node that never arrives, the SLURM script training lab 2 against lab 1's
+baseline, an --out on each node's own disk) and asserts each result on every build; here
+are the error paths and the plumbing: a timeout that reaches every process, a taken
+rendezvous port, the batch script's syntax and directives, and a worker that starts
+without torch.
 """
 
 import os
@@ -26,21 +27,39 @@ from distlab.infra.processes import alive
 
 
 def test_the_worker_imports_no_torch():
-    """The page starts 7 such workers: each would pay seconds of CPU for an import it never uses."""
+    """The page starts 7 such workers: each would pay seconds of CPU for an import it
+    never uses."""
     probe = (
-        "import sys, distlab.chapters.multi_node; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+        "import sys, distlab.chapters.multi_node; print(sorted(m for m in "
+        "sys.modules if m.split('.')[0] == 'torch'))"
     )
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout[:500] + proc.stderr[-2000:]
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", (
+        proc.stdout[:500] + proc.stderr[-2000:]
+    )
 
 
 def test_a_timeout_kills_processes_in_sessions_of_their_own(tmp_path):
-    """torchrun starts each worker in a session of its own, and each node runs in one: the
-    timeout must reach them all. One node is a real torchrun (forked from the fork server) whose
-    worker sleeps; the other a stand-in for it, a plain process whose child does the same."""
+    """torchrun starts each worker in a session of its own, and each node runs in one:
+    the timeout must reach them all. One node is a real torchrun (forked from the fork
+    server) whose worker sleeps; the other a stand-in for it, a plain process whose
+    child does the same."""
     worker_pid, grandchild_pid = tmp_path / "worker.pid", tmp_path / "grandchild.pid"
-    sleeper = ["--no-python", "bash", "-c", f"echo $BASHPID > {worker_pid}; exec sleep 300"]
-    node = torchrun_command(sleeper, nnodes=1, nproc_per_node=1, endpoint=f"127.0.0.1:{free_port()}", run_id="slow")
+    sleeper = [
+        "--no-python",
+        "bash",
+        "-c",
+        f"echo $BASHPID > {worker_pid}; exec sleep 300",
+    ]
+    node = torchrun_command(
+        sleeper,
+        nnodes=1,
+        nproc_per_node=1,
+        endpoint=f"127.0.0.1:{free_port()}",
+        run_id="slow",
+    )
     stand_in = [
         sys.executable,
         "-c",
@@ -49,10 +68,15 @@ def test_a_timeout_kills_processes_in_sessions_of_their_own(tmp_path):
         f"open({str(grandchild_pid)!r}, 'w').write(str(p.pid))\n"
         "time.sleep(300)\n",
     ]
-    with pytest.raises(LaunchTimeout, match="every process of every node was killed") as info:
+    with pytest.raises(
+        LaunchTimeout, match="every process of every node was killed"
+    ) as info:
         run_nodes([node, stand_in], timeout=5)
-    assert "node 1 (exit status -15)" in str(info.value)  # ended by our SIGTERM, not by its 300 s sleep
-    assert not alive(int(worker_pid.read_text())) and not alive(int(grandchild_pid.read_text()))
+    # ended by our SIGTERM, not by its 300 s sleep
+    assert "node 1 (exit status -15)" in str(info.value)
+    assert not alive(int(worker_pid.read_text())) and not alive(
+        int(grandchild_pid.read_text())
+    )
 
 
 def test_a_taken_rendezvous_port_is_refused(tmp_path):
@@ -71,7 +95,13 @@ def test_a_taken_rendezvous_port_is_refused(tmp_path):
             run_nodes([node, node], timeout=30, port=port)
         # the batch script checks too, on the first node, before any srun
         log = tmp_path / "srun.log"
-        job = run_sbatch_emulated(["--steps", "1"], port=port, timeout=30, env={"SRUN_LOG": str(log)}, check_port=False)
+        job = run_sbatch_emulated(
+            ["--steps", "1"],
+            port=port,
+            timeout=30,
+            env={"SRUN_LOG": str(log)},
+            check_port=False,
+        )
     assert job.returncode == 1
     assert f"error: port {port} on localhost is in use" in job.stderr
     assert not log.exists()  # no srun ran
@@ -79,7 +109,9 @@ def test_a_taken_rendezvous_port_is_refused(tmp_path):
 
 # ---------------------------------------------------------------- the SLURM script
 def test_the_batch_script_parses():
-    proc = subprocess.run(["bash", "-n", str(SBATCH_SCRIPT)], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["bash", "-n", str(SBATCH_SCRIPT)], capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode == 0, proc.stderr
     assert sbatch_directives() == {
         "job-name": "lab2-ddp",
@@ -91,4 +123,6 @@ def test_the_batch_script_parses():
         "output": "%x-%j.out",
     }
     for shim in ("srun", "scontrol"):
-        assert os.access(EMULATED_SLURM / shim, os.X_OK), f"{shim} stand-in is not executable"
+        assert os.access(EMULATED_SLURM / shim, os.X_OK), (
+            f"{shim} stand-in is not executable"
+        )

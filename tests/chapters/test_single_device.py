@@ -1,7 +1,8 @@
-"""The single-device baseline chapter's experiments (distlab.chapters.single_device). The page
-checks its own measurements on every build (parameter counts, model-state and activation bytes,
-FLOPs per token, the attention kernel, the recorded lab 1 runs' MFU); these tests check what it
-does not run: bad inputs, and its figures on made-up numbers."""
+"""The single-device baseline chapter's experiments (distlab.chapters.single_device).
+The page checks its own measurements on every build (parameter counts, model-state and
+activation bytes, FLOPs per token, the attention kernel, the recorded lab 1 runs' MFU);
+these tests check what it does not run: bad inputs, and its figures on made-up numbers.
+"""
 
 import json
 import math
@@ -26,18 +27,30 @@ def test_memory_figure_stacks_the_four_parts_end_to_end():
     fig = memory_figure(state, activations=20e6, batch=16, title="t")
     bars = fig.axes[0].patches
     assert [b.get_width() for b in bars] == [4.0, 4.0, 8.0, 20.0]  # MB
-    assert all(math.isclose(b.get_x(), sum(w.get_width() for w in bars[:i])) for i, b in enumerate(bars))
+    assert all(
+        math.isclose(b.get_x(), sum(w.get_width() for w in bars[:i]))
+        for i, b in enumerate(bars)
+    )
     assert sum(b.get_width() for b in bars) == (16e6 + 20e6) / MB
     plt.close(fig)
 
 
-def test_recorded_lab1_reads_lab_1s_run_skips_a_missing_recording_and_refuses_an_unknown_dtype(tmp_path, monkeypatch):
-    runs = [{"lab": "lab2_ddp", "world_size": 1}, {"lab": "lab1_single", "world_size": 1, "mfu": 0.5}]
+def test_recorded_lab1_reads_lab_1s_run_skips_a_missing_recording_and_refuses_an_unknown_dtype(
+    tmp_path, monkeypatch
+):
+    runs = [
+        {"lab": "lab2_ddp", "world_size": 1},
+        {"lab": "lab1_single", "world_size": 1, "mfu": 0.5},
+    ]
     recording = tmp_path / "bench" / "cpu_shakespeare_fp32.json"
     recording.parent.mkdir()
     recording.write_text(json.dumps({"provenance": {"machine": "m"}, "runs": runs}))
     monkeypatch.setattr(single_device, "RESULTS_DIR", tmp_path)
-    monkeypatch.setattr(single_device, "RECORDED_LAB1", {"fp32": recording, "bf16": tmp_path / "none.json"})
+    monkeypatch.setattr(
+        single_device,
+        "RECORDED_LAB1",
+        {"fp32": recording, "bf16": tmp_path / "none.json"},
+    )
     results = recorded_lab1()
     assert list(results) == ["fp32"]  # no bf16 recording: no bf16 entry
     assert results["fp32"] == {

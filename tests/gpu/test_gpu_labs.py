@@ -1,28 +1,51 @@
-"""Labs 1-6 on CUDA GPUs, held to lab 1: on one GPU and on every GPU of the machine, in fp32 and
-bf16; their weights load anywhere; a GPU checkpoint resumes on the CPU and on another world size.
+"""Labs 1-6 on CUDA GPUs, held to lab 1: on one GPU and on every GPU of the machine, in
+fp32 and bf16; their weights load anywhere; a GPU checkpoint resumes on the CPU and on
+another world size.
 
     pytest -m gpu          # every test of tests/gpu/; without CUDA each is skipped, saying why
 
-A plain ``pytest`` (``make test``) leaves these out (``-m 'not gpu'`` in pyproject.toml). The
-tolerances, and why a GPU needs wider ones than the CPU tests, are in tests/support/gpu.py.
+A plain ``pytest`` (``make test``) leaves these out (``-m 'not gpu'`` in
+pyproject.toml). The tolerances, and why a GPU needs wider ones than the CPU tests, are
+in tests/support/gpu.py.
 """
 
 import pytest
 import torch
 
 from distlab.metrics import read_summary
-from support.gpu import ALL_GPUS, FP32_RTOL, GPU_MODULE, MULTI_GPU, RTOL, STEPS, lab_losses
+from support.gpu import (
+    ALL_GPUS,
+    FP32_RTOL,
+    GPU_MODULE,
+    MULTI_GPU,
+    RTOL,
+    STEPS,
+    lab_losses,
+)
 from support.labs import BASELINE
 
 pytestmark = GPU_MODULE
 
-DISTRIBUTED = ("lab2_ddp", "lab3_grad_accum", "lab4_fsdp2", "lab5_activation_ckpt", "lab6_accelerate")
+DISTRIBUTED = (
+    "lab2_ddp",
+    "lab3_grad_accum",
+    "lab4_fsdp2",
+    "lab5_activation_ckpt",
+    "lab6_accelerate",
+)
 
 
 def case(lab: str, gpus: str, dtype: str):
-    """One lab run: on "1" GPU or on "all" of them (skipped with fewer than 2), in ``dtype``."""
+    """One lab run: on "1" GPU or on "all" of them (skipped with fewer than 2), in
+    ``dtype``."""
     where = "1gpu" if gpus == "1" else "all-gpus"
-    return pytest.param(lab, gpus, dtype, id=f"{lab}-{where}-{dtype}", marks=MULTI_GPU if gpus == "all" else ())
+    return pytest.param(
+        lab,
+        gpus,
+        dtype,
+        id=f"{lab}-{where}-{dtype}",
+        marks=MULTI_GPU if gpus == "all" else (),
+    )
 
 
 # fp32 on one GPU and on all; bf16 once, on all of them where there are 2 or more
@@ -34,14 +57,19 @@ CASES += [case(lab, "all" if ALL_GPUS >= 2 else "1", "bf16") for lab in DISTRIBU
 def lab1(tmp_path_factory) -> dict[str, list[float]]:
     """Lab 1 on one GPU, in fp32 and in bf16: what every lab on GPUs is held to."""
     out = tmp_path_factory.mktemp("lab1")
-    return {dtype: lab_losses("lab1_single", out / dtype, 1, "--dtype", dtype) for dtype in ("fp32", "bf16")}
+    return {
+        dtype: lab_losses("lab1_single", out / dtype, 1, "--dtype", dtype)
+        for dtype in ("fp32", "bf16")
+    }
 
 
 def test_lab_1_on_a_gpu_trains_like_lab_1_on_the_cpu(lab1, tmp_path):
     assert lab1["fp32"] == pytest.approx(BASELINE["losses"][:STEPS], rel=FP32_RTOL)
-    assert lab1["bf16"] == pytest.approx(lab1["fp32"], rel=RTOL["bf16"])  # bf16: close to fp32 ...
+    # bf16: close to fp32 ...
+    assert lab1["bf16"] == pytest.approx(lab1["fp32"], rel=RTOL["bf16"])
     assert lab1["bf16"] != lab1["fp32"]  # ... and not fp32: the run computed in bf16
-    compiled = lab_losses("lab1_single", tmp_path, 1, "--compile")  # torch.compile fuses: other roundings
+    # torch.compile fuses: other roundings
+    compiled = lab_losses("lab1_single", tmp_path, 1, "--compile")
     assert compiled == pytest.approx(lab1["fp32"], rel=FP32_RTOL)
 
 
@@ -51,8 +79,12 @@ def test_every_lab_on_gpus_trains_like_lab_1(lab1, lab, gpus, dtype, tmp_path):
     losses = lab_losses(lab, tmp_path, nprocs, "--dtype", dtype)
     assert losses == pytest.approx(lab1[dtype], rel=RTOL[dtype])
     summary = read_summary(tmp_path)
-    assert summary["world_size"] == nprocs and summary["device"] == "cuda:0"  # rank 0's GPU
-    assert summary["mfu_of_datasheet_peak"] is not None or summary["datasheet_peak"] is None
+    # rank 0's GPU
+    assert summary["world_size"] == nprocs and summary["device"] == "cuda:0"
+    assert (
+        summary["mfu_of_datasheet_peak"] is not None
+        or summary["datasheet_peak"] is None
+    )
     # model.pt holds CPU tensors whatever trained it: any machine loads any lab's output
     weights = torch.load(tmp_path / "model.pt", weights_only=True)
     assert {t.device.type for t in weights.values()} == {"cpu"}
@@ -60,8 +92,8 @@ def test_every_lab_on_gpus_trains_like_lab_1(lab1, lab, gpus, dtype, tmp_path):
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    """Lab 4 (FSDP2, sharded DCP checkpoints) on one GPU, 6 steps, saving after step 3: its losses
-    and the checkpoint to resume from."""
+    """Lab 4 (FSDP2, sharded DCP checkpoints) on one GPU, 6 steps, saving after step 3:
+    its losses and the checkpoint to resume from."""
     out = tmp_path_factory.mktemp("straight")
     losses = lab_losses("lab4_fsdp2", out, 1, "--checkpoint-every", 3, steps=6)
     return losses, out / "checkpoints" / "step_000003"
@@ -69,11 +101,19 @@ def straight(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "device,ranks",
-    [pytest.param("cpu", 2, id="on-2-cpu-ranks"), pytest.param("cuda", "all", id="on-all-gpus", marks=MULTI_GPU)],
+    [
+        pytest.param("cpu", 2, id="on-2-cpu-ranks"),
+        pytest.param("cuda", "all", id="on-all-gpus", marks=MULTI_GPU),
+    ],
 )
-def test_a_gpu_checkpoint_resumes_on_the_cpu_and_on_another_world_size(straight, device, ranks, tmp_path):
+def test_a_gpu_checkpoint_resumes_on_the_cpu_and_on_another_world_size(
+    straight, device, ranks, tmp_path
+):
     losses, checkpoint = straight
     nprocs = ALL_GPUS if ranks == "all" else ranks
-    resumed = lab_losses("lab4_fsdp2", tmp_path, nprocs, "--resume", checkpoint, device=device, steps=6)
-    assert resumed == pytest.approx(losses[3:], rel=FP32_RTOL)  # steps 3-5: the run went on where it stopped
+    resumed = lab_losses(
+        "lab4_fsdp2", tmp_path, nprocs, "--resume", checkpoint, device=device, steps=6
+    )
+    # steps 3-5: the run went on where it stopped
+    assert resumed == pytest.approx(losses[3:], rel=FP32_RTOL)
     assert read_summary(tmp_path)["world_size"] == nprocs

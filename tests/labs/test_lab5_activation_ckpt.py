@@ -1,7 +1,8 @@
-"""Lab 5 (FSDP2 + activation checkpointing): the losses of lab 1 without checkpointing and with
-selective checkpointing of every 2nd block, the same gradient norms in both, lab 4's checkpoints
-resume in it, and bad flags are refused in one line. The page (labs/lab5_activation_ckpt.md)
-checks on every build that ``--ac full`` gives lab 4's losses and gradient norms."""
+"""Lab 5 (FSDP2 + activation checkpointing): the losses of lab 1 without checkpointing
+and with selective checkpointing of every 2nd block, the same gradient norms in both,
+lab 4's checkpoints resume in it, and bad flags are refused in one line. The page
+(labs/lab5_activation_ckpt.md) checks on every build that ``--ac full`` gives lab 4's
+losses and gradient norms."""
 
 import pytest
 import torch
@@ -30,7 +31,9 @@ def test_lab5_gradients_and_losses_equal_lab_1_with_and_without_checkpointing(tm
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         metrics = read_metrics(out)
-        assert [m["loss"] for m in metrics] == pytest.approx(BASELINE["losses"], rel=1e-5)
+        assert [m["loss"] for m in metrics] == pytest.approx(
+            BASELINE["losses"], rel=1e-5
+        )
         grad_norms[mode] = [m["grad_norm"] for m in metrics]
         assert read_summary(out)["strategy"] == f"fsdp2+accumulation+ac-{mode}"
     # the global gradient norm of every step, with and without
@@ -38,8 +41,18 @@ def test_lab5_gradients_and_losses_equal_lab_1_with_and_without_checkpointing(tm
 
 
 def test_lab5_resumes_a_lab4_checkpoint_and_saves_plain_weights(tmp_path):
-    common = ["--steps", "6", "--eval-batches", "1", "--sample-chars", "0", "--no-progress"]
-    proc = run_lab("lab4_fsdp2.py", *common, "--checkpoint-every", 3, "--out", tmp_path / "lab4")
+    common = [
+        "--steps",
+        "6",
+        "--eval-batches",
+        "1",
+        "--sample-chars",
+        "0",
+        "--no-progress",
+    ]
+    proc = run_lab(
+        "lab4_fsdp2.py", *common, "--checkpoint-every", 3, "--out", tmp_path / "lab4"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_lab(
         "lab5_activation_ckpt.py",
@@ -54,13 +67,18 @@ def test_lab5_resumes_a_lab4_checkpoint_and_saves_plain_weights(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lab4 = [m["loss"] for m in read_metrics(tmp_path / "lab4")]
     lab5 = [m["loss"] for m in read_metrics(tmp_path / "lab5")]
-    assert lab5 == lab4[3:]  # the checkpoint's keys are the plain model's, with or without wrappers
+    # the checkpoint's keys are the plain model's, with or without wrappers
+    assert lab5 == lab4[3:]
     plain = gpt("tiny", seed=0)
     plain.load_state_dict(torch.load(tmp_path / "lab5" / "model.pt", weights_only=True))
 
 
 @pytest.mark.parametrize(
-    "flags,message", [(["--ac", "ful"], "unknown --ac 'ful'"), (["--ac-every", "0"], "--ac-every must be positive")]
+    "flags,message",
+    [
+        (["--ac", "ful"], "unknown --ac 'ful'"),
+        (["--ac-every", "0"], "--ac-every must be positive"),
+    ],
 )
 def test_lab5_refuses_bad_flags_in_one_line(flags, message):
     proc = run_lab("lab5_activation_ckpt.py", *flags)

@@ -1,12 +1,12 @@
-"""Lab 6 (Accelerate) beyond its page: one process under python and ``accelerate launch``, and 2
-DDP ranks under torchrun resumed under ``accelerate launch``, equal to lab 1; FSDP it cannot give
-is refused, never swapped.
+"""Lab 6 (Accelerate) beyond its page: one process under python and ``accelerate
+launch``, and 2 DDP ranks under torchrun resumed under ``accelerate launch``, equal to
+lab 1; FSDP it cannot give is refused, never swapped.
 
-The page (labs/lab6_accelerate.md) runs 2 ranks with DDP and with ``--fsdp`` and checks on every
-build their losses against lab 2 (within 1e-5), the strategy, the parameter and AdamW bytes per
-rank, the saved weights and what ``save_state`` wrote. The Accelerate chapter runs the three
-quiet fallbacks (no cpu=True, the FSDP plugin on CPU, ``accelerate launch --cpu``) and asserts
-that lab 6's checks catch them."""
+The page (labs/lab6_accelerate.md) runs 2 ranks with DDP and with ``--fsdp`` and checks
+on every build their losses against lab 2 (within 1e-5), the strategy, the parameter and
+AdamW bytes per rank, the saved weights and what ``save_state`` wrote. The Accelerate
+chapter runs the three quiet fallbacks (no cpu=True, the FSDP plugin on CPU,
+``accelerate launch --cpu``) and asserts that lab 6's checks catch them."""
 
 import os
 import subprocess
@@ -24,8 +24,9 @@ from distlab.infra.ports import free_port
 from distlab.metrics import read_metrics, read_summary
 from support.labs import BASELINE, run_lab, torchrun
 
-# lab 1's baseline run (support/labs.py), its first 10 steps: all of them in the warm-up (20 steps
-# by default), whose learning rate does not depend on --steps, so they are the baseline's losses
+# lab 1's baseline run (support/labs.py), its first 10 steps: all of them in the warm-up
+# (20 steps by default), whose learning rate does not depend on --steps, so they are the
+# baseline's losses
 TEN_STEPS = [
     "--preset",
     "tiny",
@@ -45,10 +46,13 @@ TEN_STEPS = [
 ]
 
 
-def accelerate_launch(nprocs: int, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+def accelerate_launch(
+    nprocs: int, *args, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """``accelerate launch`` as the chapter shows it, on a free port of 127.0.0.1."""
     port = free_port()
-    multi = ["--multi_gpu"] if nprocs > 1 else []  # "multi_gpu" is its name for N local processes
+    # "multi_gpu" is its name for N local processes
+    multi = ["--multi_gpu"] if nprocs > 1 else []
     return subprocess.run(
         [
             str(Path(sys.executable).parent / "accelerate"),
@@ -84,10 +88,12 @@ def losses(out) -> dict[int, float]:
 
 
 def test_ddp_under_torchrun_and_accelerate_launch_equals_lab_1_and_resumes(tmp_path):
-    """torchrun, 2 ranks, 2 micro-batches each, checkpoints every 5 steps; then accelerate
-    launch resumes step 5: both give lab 1's losses within 1e-5 relative."""
+    """torchrun, 2 ranks, 2 micro-batches each, checkpoints every 5 steps; then
+    accelerate launch resumes step 5: both give lab 1's losses within 1e-5 relative."""
     first = tmp_path / "torchrun"
-    proc = torchrun("lab6_accelerate.py", 2, *TEN_STEPS, "--checkpoint-every", "5", "--out", first)
+    proc = torchrun(
+        "lab6_accelerate.py", 2, *TEN_STEPS, "--checkpoint-every", "5", "--out", first
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert losses(first) == pytest.approx(LAB1, rel=1e-5)
     assert read_summary(first)["strategy"] == "accelerate-ddp+accumulation+ac-full"
@@ -96,8 +102,12 @@ def test_ddp_under_torchrun_and_accelerate_launch_equals_lab_1_and_resumes(tmp_p
     # resumed into the same OUT: the first run's metrics are kept aside, not overwritten
     proc = accelerate_launch(2, *TEN_STEPS, "--resume", saved, "--out", first)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resumed from" in proc.stdout and "2 process(es) of 2 launched" in proc.stdout
-    assert len((first / "metrics.before_step_000005.jsonl").read_text().splitlines()) == 10
+    assert (
+        "resumed from" in proc.stdout and "2 process(es) of 2 launched" in proc.stdout
+    )
+    assert (
+        len((first / "metrics.before_step_000005.jsonl").read_text().splitlines()) == 10
+    )
     resumed = losses(first)
     assert sorted(resumed) == list(range(5, 10))
     assert resumed == pytest.approx({s: LAB1[s] for s in resumed}, rel=1e-5)
@@ -113,21 +123,33 @@ def test_one_process_under_python_and_accelerate_launch_is_lab_1(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert losses(tmp_path / name) == pytest.approx(LAB1, rel=1e-5), name
         summary = read_summary(tmp_path / name)
-        assert (summary["strategy"], summary["accum_steps"]) == ("accelerate-single+accumulation+ac-full", 4)
+        assert (summary["strategy"], summary["accum_steps"]) == (
+            "accelerate-single+accumulation+ac-full",
+            4,
+        )
 
 
 def test_fsdp_on_one_process_is_refused_with_one_line(tmp_path):
     proc = run_lab("lab6_accelerate.py", "--fsdp", "--steps", "1", "--out", tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        "lab6_accelerate.py: error: --fsdp shards over ranks and one process has none: launch 2 or more, or drop --fsdp"
+        "lab6_accelerate.py: error: --fsdp shards over ranks and one process "
+        "has none: launch 2 or more, or drop --fsdp"
     )
 
 
 @pytest.mark.parametrize("option", [{"checkpoint_every": 5}, {"resume": "latest"}])
 def test_fsdp_checkpoints_on_cpu_are_refused(option):
     """Accelerate's save_state would save no model and rank 0's half of the optimizer."""
-    cfg = SimpleNamespace(**{"fsdp": True, "checkpoint_every": 0, "resume": "", **option})
-    with pytest.raises(UserError, match="save_state cannot save a model Accelerate was not given"):
+    cfg = SimpleNamespace(
+        **{"fsdp": True, "checkpoint_every": 0, "resume": "", **option}
+    )
+    with pytest.raises(
+        UserError, match="save_state cannot save a model Accelerate was not given"
+    ):
         check_fsdp_request(cfg, 2, torch.device("cpu"))
-    check_fsdp_request(SimpleNamespace(fsdp=False, checkpoint_every=5, resume=""), 2, torch.device("cpu"))
+    check_fsdp_request(
+        SimpleNamespace(fsdp=False, checkpoint_every=5, resume=""),
+        2,
+        torch.device("cpu"),
+    )

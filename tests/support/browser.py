@@ -1,10 +1,11 @@
-"""The built book in a real browser: serve `_build/html` on 127.0.0.1, drive Debian's Chromium
-with playwright, and record what a reader's browser would see on each page.
+"""The built book in a real browser: serve `_build/html` on 127.0.0.1, drive Debian's
+Chromium with playwright, and record what a reader's browser would see on each page.
 
-`visit()` loads one page and returns a `Visit`: console errors, uncaught exceptions, every
-request that tried to leave 127.0.0.1 (stopped before it leaves, and recorded), requests that
-failed, images that did not load, the page's links and element ids, and how wide the page is
-against the viewport. The tests in test_book_in_browser.py assert on these."""
+`visit()` loads one page and returns a `Visit`: console errors, uncaught exceptions,
+every request that tried to leave 127.0.0.1 (stopped before it leaves, and recorded),
+requests that failed, images that did not load, the page's links and element ids, and
+how wide the page is against the viewport. The tests in test_book_in_browser.py assert
+on these."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-# Chromium's own background traffic (updates, sync, field trials) is off, so every request the
-# tests see comes from the page (the flags Debian's Chromium needs headless, as root, offline).
+# Chromium's own background traffic (updates, sync, field trials) is off, so every
+# request the tests see comes from the page (the flags Debian's Chromium needs headless,
+# as root, offline).
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -39,7 +41,8 @@ def chromium_path() -> str:
     if not os.access(path, os.X_OK):
         raise RuntimeError(
             f"no Chromium at {path}: `make test` installs Debian's chromium, or run "
-            "`make test CHROMIUM=/path/to/chrome` (playwright's own browser download is not used)"
+            "`make test CHROMIUM=/path/to/chrome` (playwright's own browser "
+            "download is not used)"
         )
     return path
 
@@ -51,8 +54,8 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @contextlib.contextmanager
 def serve(folder: Path):
-    """Serve `folder` over HTTP on a free port of 127.0.0.1 (port 0: the kernel picks one, so
-    two test runs at once never collide); yields the base URL, ending in '/'."""
+    """Serve `folder` over HTTP on a free port of 127.0.0.1 (port 0: the kernel picks
+    one, so two test runs at once never collide); yields the base URL, ending in '/'."""
     handler = functools.partial(_QuietHandler, directory=str(folder))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -82,9 +85,10 @@ class Visit:
     text_px: float = 0  # font size of its first paragraph
 
 
-# Everything the tests read from a loaded page, in one round trip. `width` is the viewport's
-# width as set: on a phone the browser zooms out to fit content wider than the screen (so
-# innerWidth grows with it), and what sticks out is what a reader has to scroll sideways to.
+# Everything the tests read from a loaded page, in one round trip. `width` is the
+# viewport's width as set: on a phone the browser zooms out to fit content wider than
+# the screen (so innerWidth grows with it), and what sticks out is what a reader has to
+# scroll sideways to.
 _READ_PAGE = r"""(width) => {
   const images = Array.from(document.images);
   const clipped = (e) => {  // inside a box that scrolls or clips its own overflow
@@ -128,12 +132,19 @@ def is_local(url: str) -> bool:
     return parts.scheme in ("data", "blob", "about") or parts.hostname == "127.0.0.1"
 
 
-def visit(context, url: str, views: dict[str, dict], screenshots: Path | None = None, inspect=None) -> dict:
-    """Load `url` once in a new tab of `context` (a playwright BrowserContext) and record it at
-    each viewport of `views` ({"desktop": {"width": .., "height": ..}, ...}; the page is resized,
-    not reloaded), with a screenshot of each in `screenshots/<view>/`. Requests for other hosts
-    are aborted, so a test run never depends on the network. `inspect(page)`, if given, runs
-    last and its result is returned under "facts". Returns {view: Visit, "facts": ...}."""
+def visit(
+    context,
+    url: str,
+    views: dict[str, dict],
+    screenshots: Path | None = None,
+    inspect=None,
+) -> dict:
+    """Load `url` once in a new tab of `context` (a playwright BrowserContext) and
+    record it at each viewport of `views` ({"desktop": {"width": .., "height": ..},
+    ...}; the page is resized, not reloaded), with a screenshot of each in
+    `screenshots/<view>/`. Requests for other hosts are aborted, so a test run never
+    depends on the network. `inspect(page)`, if given, runs last and its result is
+    returned under "facts". Returns {view: Visit, "facts": ...}."""
     page = context.new_page()
     errors = Visit(url)  # what happens while loading belongs to every view
 
@@ -150,21 +161,35 @@ def visit(context, url: str, views: dict[str, dict], screenshots: Path | None = 
         lambda m: (
             m.type == "error"
             and errors.console_errors.append(
-                f"{m.text} ({m.location.get('url', '')}:{m.location.get('lineNumber', '')})"
+                f"{m.text} "
+                f"({m.location.get('url', '')}:{m.location.get('lineNumber', '')})"
             )
         ),
     )
     page.on("pageerror", lambda e: errors.page_errors.append(str(e)))
-    page.on("requestfailed", lambda r: is_local(r.url) and errors.failed_requests.append(f"{r.url}: {r.failure}"))
-    page.on("response", lambda r: r.status >= 400 and errors.failed_requests.append(f"{r.url}: HTTP {r.status}"))
+    page.on(
+        "requestfailed",
+        lambda r: (
+            is_local(r.url) and errors.failed_requests.append(f"{r.url}: {r.failure}")
+        ),
+    )
+    page.on(
+        "response",
+        lambda r: (
+            r.status >= 400
+            and errors.failed_requests.append(f"{r.url}: HTTP {r.status}")
+        ),
+    )
     seen = {}
     try:
         page.set_viewport_size(next(iter(views.values())))
         page.goto(url, wait_until="load", timeout=30_000)
-        page.wait_for_load_state("networkidle", timeout=30_000)  # MathJax fonts, widget views
+        # MathJax fonts, widget views
+        page.wait_for_load_state("networkidle", timeout=30_000)
         for view, size in views.items():
             page.set_viewport_size(size)
-            page.evaluate(_SETTLE)  # the sidebars slide when the width crosses a breakpoint
+            # the sidebars slide when the width crosses a breakpoint
+            page.evaluate(_SETTLE)
             read = page.evaluate(_READ_PAGE, size["width"])
             record = Visit(
                 url,
@@ -187,7 +212,13 @@ def visit(context, url: str, views: dict[str, dict], screenshots: Path | None = 
                 shot = (
                     screenshots
                     / view
-                    / (urlsplit(url).path.strip("/").removesuffix(".html").replace("/", "-") + ".png")
+                    / (
+                        urlsplit(url)
+                        .path.strip("/")
+                        .removesuffix(".html")
+                        .replace("/", "-")
+                        + ".png"
+                    )
                 )
                 shot.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(shot))
@@ -197,15 +228,22 @@ def visit(context, url: str, views: dict[str, dict], screenshots: Path | None = 
     return seen
 
 
-def visit_all(base: str, pages: list[str], views: dict[str, dict], screenshots: Path | None, inspect, workers: int = 3):
-    """`visit()` every page of `pages` (paths under `base`, without ".html"), on `workers`
-    browsers at once; returns {page: visit's result}, in the order of `pages`.
+def visit_all(
+    base: str,
+    pages: list[str],
+    views: dict[str, dict],
+    screenshots: Path | None,
+    inspect,
+    workers: int = 3,
+):
+    """`visit()` every page of `pages` (paths under `base`, without ".html"), on
+    `workers` browsers at once; returns {page: visit's result}, in the order of `pages`.
 
-    A visit is mostly waiting (for the network to go quiet, for MathJax and the widgets), not
-    computing, so browsers side by side finish sooner: the book's 35 pages took 67 s in one
-    browser and 48 s in three on 2 cores (four were no faster: by then the cores are busy).
-    Playwright's sync API must stay in the thread that started it, so each thread starts its own
-    Playwright and Chromium."""
+    A visit is mostly waiting (for the network to go quiet, for MathJax and the
+    widgets), not computing, so browsers side by side finish sooner: the book's 35 pages
+    took 67 s in one browser and 48 s in three on 2 cores (four were no faster: by then
+    the cores are busy). Playwright's sync API must stay in the thread that started it,
+    so each thread starts its own Playwright and Chromium."""
     from concurrent.futures import ThreadPoolExecutor
 
     from playwright.sync_api import sync_playwright
@@ -213,16 +251,28 @@ def visit_all(base: str, pages: list[str], views: dict[str, dict], screenshots: 
     def visit_share(share: list[str]) -> dict:
         seen = {}
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+            browser = pw.chromium.launch(
+                executable_path=chromium_path(), args=CHROMIUM_ARGS
+            )
             try:
                 context = browser.new_context()
                 for page in share:
-                    seen[page] = visit(context, f"{base}{page}.html", views, screenshots, inspect=inspect)
+                    seen[page] = visit(
+                        context,
+                        f"{base}{page}.html",
+                        views,
+                        screenshots,
+                        inspect=inspect,
+                    )
             finally:
                 browser.close()
         return seen
 
     shares = [pages[i::workers] for i in range(workers)]
     with ThreadPoolExecutor(workers) as pool:
-        results = {page: seen for share in pool.map(visit_share, shares) for page, seen in share.items()}
+        results = {
+            page: seen
+            for share in pool.map(visit_share, shares)
+            for page, seen in share.items()
+        }
     return {page: results[page] for page in pages}

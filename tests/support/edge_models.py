@@ -1,5 +1,5 @@
-"""Small models that break data-parallel code written for one model, the data each rank (or
-replica) gets, and the one-process reference the wrappers are checked against.
+"""Small models that break data-parallel code written for one model, the data each rank
+(or replica) gets, and the one-process reference the wrappers are checked against.
 
     EDGE_MODELS        name -> class: frozen, unused, data-dependent, tied, batchnorm
     shard(r, n, step)  the rows of rank (or replica) r of n at a step
@@ -9,8 +9,9 @@ replica) gets, and the one-process reference the wrappers are checked against.
 
 The reference runs each shard through the model separately, because that is what data
 parallelism computes: for models whose rows are independent it equals one forward of the
-whole batch, and for the others (BatchNorm normalises with its batch's statistics; a branch
-taken by the batch as a whole) the per-shard version is the meaning DDP gives them.
+whole batch, and for the others (BatchNorm normalises with its batch's statistics; a
+branch taken by the batch as a whole) the per-shard version is the meaning DDP gives
+them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ WIDTH, ROWS, LR = 4, 6, 0.1
 
 
 class Frozen(nn.Module):
-    """The first layer's weight is frozen (``requires_grad=False``); its bias still trains."""
+    """The first layer's weight is frozen (``requires_grad=False``); its bias still
+    trains."""
 
     def __init__(self):
         super().__init__()
@@ -48,7 +50,8 @@ class UnusedBranch(nn.Module):
 
 
 class DataDependentBranch(nn.Module):
-    """``extra`` runs only for a batch with a positive mean: on some ranks and not on others."""
+    """``extra`` runs only for a batch with a positive mean: on some ranks and not on
+    others."""
 
     def __init__(self):
         super().__init__()
@@ -72,11 +75,14 @@ class Tied(nn.Module):
 
 
 class WithBatchNorm(nn.Module):
-    """BatchNorm: buffers (running statistics) that every training forward updates in place."""
+    """BatchNorm: buffers (running statistics) that every training forward updates in
+    place."""
 
     def __init__(self):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(WIDTH, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, WIDTH))
+        self.net = nn.Sequential(
+            nn.Linear(WIDTH, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, WIDTH)
+        )
 
     def forward(self, x):
         return self.net(x)
@@ -89,7 +95,8 @@ EDGE_MODELS: dict[str, type[nn.Module]] = {
     "tied": Tied,
     "batchnorm": WithBatchNorm,
 }
-NEEDS_UNUSED_SEARCH = {"unused", "data-dependent"}  # torch DDP needs find_unused_parameters=True
+# torch DDP needs find_unused_parameters=True
+NEEDS_UNUSED_SEARCH = {"unused", "data-dependent"}
 
 
 def build(name: str) -> nn.Module:
@@ -100,7 +107,11 @@ def build(name: str) -> nn.Module:
 def shard(rank: int, world_size: int, step: int) -> torch.Tensor:
     """ROWS rows; even ranks get a positive batch and odd ranks a negative one, so the
     data-dependent branch runs on some ranks only (whenever there are 2 or more)."""
-    rows = torch.randn(ROWS, WIDTH, generator=torch.Generator().manual_seed(1000 * step + 10 * world_size + rank))
+    rows = torch.randn(
+        ROWS,
+        WIDTH,
+        generator=torch.Generator().manual_seed(1000 * step + 10 * world_size + rank),
+    )
     return rows.abs() if rank % 2 == 0 else -rows.abs()
 
 
@@ -109,11 +120,14 @@ def loss_of(output: torch.Tensor) -> torch.Tensor:
 
 
 def grads(model: nn.Module) -> list[torch.Tensor | None]:
-    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+    return [
+        None if p.grad is None else p.grad.detach().clone() for p in model.parameters()
+    ]
 
 
 def sgd_step(model: nn.Module) -> None:
-    with torch.no_grad():  # plain SGD: torch.optim's first step imports torch._dynamo (seconds)
+    # plain SGD: torch.optim's first step imports torch._dynamo (seconds)
+    with torch.no_grad():
         for p in model.parameters():
             if p.grad is not None:
                 p.sub_(LR * p.grad)
@@ -127,7 +141,8 @@ def state(model: nn.Module) -> dict:
 
 
 def reference(name: str, world_size: int, steps: int = 3) -> dict:
-    """One process, no wrapper: each step's gradients (None where no shard reached a parameter)."""
+    """One process, no wrapper: each step's gradients (None where no shard reached a
+    parameter)."""
     model = build(name)
     per_step = []
     for step in range(steps):
@@ -140,11 +155,15 @@ def reference(name: str, world_size: int, steps: int = 3) -> dict:
 
 
 def train_wrapped(
-    wrap: Callable[[nn.Module], nn.Module], name: str, steps: int = 3, backwards_per_step: int = 1
+    wrap: Callable[[nn.Module], nn.Module],
+    name: str,
+    steps: int = 3,
+    backwards_per_step: int = 1,
 ) -> dict:
-    """On one rank: ``steps`` steps of ``wrap(model)``; the gradients after each sync, then the
-    final parameters and buffers. Ranks other than 0 start from different values (parameters,
-    frozen ones included, and buffers), so the wrapper must broadcast rank 0's."""
+    """On one rank: ``steps`` steps of ``wrap(model)``; the gradients after each sync,
+    then the final parameters and buffers. Ranks other than 0 start from different
+    values (parameters, frozen ones included, and buffers), so the wrapper must
+    broadcast rank 0's."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model = build(name)
     with torch.no_grad():
@@ -163,10 +182,16 @@ def train_wrapped(
     return {"grads": per_step, **state(model)}
 
 
-def assert_same_grads(got: list, expected: list, atol: float = 1e-6, what: str = "") -> None:
+def assert_same_grads(
+    got: list, expected: list, atol: float = 1e-6, what: str = ""
+) -> None:
     """Step by step: None in the same places, and the tensors equal to rounding."""
     for step, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
-        assert [g is None for g in mine] == [g is None for g in theirs], f"{what} step {step}: None pattern"
+        assert [g is None for g in mine] == [g is None for g in theirs], (
+            f"{what} step {step}: None pattern"
+        )
         for i, (a, b) in enumerate(zip(mine, theirs)):
             if a is not None:
-                torch.testing.assert_close(a, b, rtol=1e-5, atol=atol, msg=f"{what} step {step} parameter {i}")
+                torch.testing.assert_close(
+                    a, b, rtol=1e-5, atol=atol, msg=f"{what} step {step} parameter {i}"
+                )

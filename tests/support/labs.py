@@ -13,12 +13,16 @@ from distlab.infra.paths import LABS_DIR
 from distlab.infra.ports import free_port
 
 BASELINES = Path(__file__).parent / "baselines"
-# lab 1's losses on the tiny model (support/make_baseline.py); every distributed lab must match them
+# lab 1's losses on the tiny model (support/make_baseline.py); every distributed lab
+# must match them
 BASELINE = json.loads((BASELINES / "lab1_tiny_fp32.json").read_text())
 
 
-def run_lab(script: str, *args, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``src/labs/<script>`` as a user would, in a subprocess; never raises on failure."""
+def run_lab(
+    script: str, *args, env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run ``src/labs/<script>`` as a user would, in a subprocess; never raises on
+    failure."""
     return subprocess.run(
         [sys.executable, str(LABS_DIR / script), *map(str, args)],
         capture_output=True,
@@ -28,7 +32,9 @@ def run_lab(script: str, *args, env: dict | None = None, timeout: float = 300) -
     )
 
 
-def torchrun(script: str, nprocs: int, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+def torchrun(
+    script: str, nprocs: int, *args, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """`torchrun --standalone` as the README shows it (port 0: the OS picks a free one)."""
     return subprocess.run(
         [
@@ -47,15 +53,17 @@ def torchrun(script: str, nprocs: int, *args, timeout: float = 300) -> subproces
     )
 
 
-def each_rank(script: str, nprocs: int, *args, timeout: float = 120) -> list[subprocess.CompletedProcess]:
+def each_rank(
+    script: str, nprocs: int, *args, timeout: float = 120
+) -> list[subprocess.CompletedProcess]:
     """The ranks `torchrun --standalone` would start, as plain processes with torchrun's
-    environment (RANK, LOCAL_RANK, WORLD_SIZE, a free MASTER_PORT on 127.0.0.1), each with its
-    own stdout and stderr, read after every rank has exited; by rank.
+    environment (RANK, LOCAL_RANK, WORLD_SIZE, a free MASTER_PORT on 127.0.0.1), each
+    with its own stdout and stderr, read after every rank has exited; by rank.
 
-    For a test that expects every rank to report something: under torchrun, the first rank to
-    fail makes the agent SIGTERM the others, which may not have printed yet (a race that once
-    failed CI). Here no rank is stopped by another's exit; a rank still running at ``timeout``
-    is killed, and the test sees its (empty) output."""
+    For a test that expects every rank to report something: under torchrun, the first
+    rank to fail makes the agent SIGTERM the others, which may not have printed yet (a
+    race that once failed CI). Here no rank is stopped by another's exit; a rank still
+    running at ``timeout`` is killed, and the test sees its (empty) output."""
     port = free_port()
     procs = [
         subprocess.Popen(

@@ -1,5 +1,5 @@
-"""Regenerate tests/support/baselines/lab1_tiny_fp32.json: run only when the model, the data
-pipeline or lab 1's loop change on purpose, and say why in the commit.
+"""Regenerate tests/support/baselines/lab1_tiny_fp32.json: run only when the model, the
+data pipeline or lab 1's loop change on purpose, and say why in the commit.
 
     python tests/support/make_baseline.py
 """
@@ -36,7 +36,15 @@ if __name__ == "__main__":
 
     out = tempfile.mkdtemp()
     subprocess.run(
-        [sys.executable, str(HERE.parent / "src/labs/lab1_single.py"), *ARGS, "--out", out], check=True, env=os.environ
+        [
+            sys.executable,
+            str(HERE.parent / "src/labs/lab1_single.py"),
+            *ARGS,
+            "--out",
+            out,
+        ],
+        check=True,
+        env=os.environ,
     )
     baseline = {
         "description": "lab 1, tiny preset, fp32 on CPU: the first 20 training losses",
@@ -44,5 +52,7 @@ if __name__ == "__main__":
         "abs_tolerance": 1e-4,
         "losses": [m["loss"] for m in read_metrics(out)],
     }
-    (HERE / "baselines" / "lab1_tiny_fp32.json").write_text(json.dumps(baseline, indent=1) + "\n")
+    (HERE / "baselines" / "lab1_tiny_fp32.json").write_text(
+        json.dumps(baseline, indent=1) + "\n"
+    )
     print(baseline["losses"])

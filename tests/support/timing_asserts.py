@@ -1,18 +1,21 @@
-"""Finding assertions on durations in the tests (CONTRIBUTING.md: no timing is asserted in a test).
+"""Finding assertions on durations in the tests (CONTRIBUTING.md: no timing is asserted
+in a test).
 
-A test that asserts how long something took passes or fails with the machine and its load: a
-2-core CI machine running two workers at once is not the developer's laptop. So an assertion
-that orders a measured duration, a throughput or an MFU against a bound (``waited_s < 10``,
-``measured_s > 1.2 * predicted_s``, ``time.monotonic() - start < 40``) is a defect: test the
-deterministic part instead (the error raised, the bytes, the counts, the formula on fixed
-inputs), or record the timing as a benchmark with repeats and spread that a page reads.
+A test that asserts how long something took passes or fails with the machine and its
+load: a 2-core CI machine running two workers at once is not the developer's laptop. So
+an assertion that orders a measured duration, a throughput or an MFU against a bound
+(``waited_s < 10``, ``measured_s > 1.2 * predicted_s``, ``time.monotonic() - start <
+40``) is a defect: test the deterministic part instead (the error raised, the bytes, the
+counts, the formula on fixed inputs), or record the timing as a benchmark with repeats
+and spread that a page reads.
 
-A pattern check, on the syntax tree of every ``assert`` under ``tests/``: an ordering (<, <=,
->, >=) one of whose sides names a duration (a name, attribute or string key ending in ``_s``,
-``seconds``, ``elapsed``, ``waited``, ``mfu``, ...; a call of ``time.monotonic`` or the like).
-Not flagged: comparing with 0 (a duration is never negative: a sanity check, not a timing);
-the name of a function called (``ring_s(...)`` is a formula on its inputs); ``len(...)``.
-The rare justified case says why on the assert's line: ``# timing-ok: <reason>``.
+A pattern check, on the syntax tree of every ``assert`` under ``tests/``: an ordering
+(<, <=, >, >=) one of whose sides names a duration (a name, attribute or string key
+ending in ``_s``, ``seconds``, ``elapsed``, ``waited``, ``mfu``, ...; a call of
+``time.monotonic`` or the like). Not flagged: comparing with 0 (a duration is never
+negative: a sanity check, not a timing); the name of a function called (``ring_s(...)``
+is a formula on its inputs); ``len(...)``. The rare justified case says why on the
+assert's line: ``# timing-ok: <reason>``.
 """
 
 from __future__ import annotations
@@ -26,21 +29,36 @@ TIMING_NAME = re.compile(
     r"throughput|mfu|time|times|timing|timings)$|per_s",
     re.IGNORECASE,
 )
-CLOCKS = {"monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns", "time", "time_ns", "process_time"}
+CLOCKS = {
+    "monotonic",
+    "monotonic_ns",
+    "perf_counter",
+    "perf_counter_ns",
+    "time",
+    "time_ns",
+    "process_time",
+}
 OPT_OUT = re.compile(r"#\s*timing-ok:\s*\S")
 ORDERINGS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
 
 def _timing_names(node: ast.AST) -> list[str]:
-    """The names in an expression that say it is a duration: a variable, an attribute or a
-    string key, read at its outermost level (``run["time"]["compute"]`` is a compute figure)."""
+    """The names in an expression that say it is a duration: a variable, an attribute or
+    a string key, read at its outermost level (``run["time"]["compute"]`` is a compute
+    figure)."""
     if isinstance(node, ast.Call):
         func = node.func
-        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        called = (
+            func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        )
         if called == "len":
             return []
         found = [f"{called}()"] if called in CLOCKS else []
-        return found + [n for arg in [*node.args, *(k.value for k in node.keywords)] for n in _timing_names(arg)]
+        return found + [
+            n
+            for arg in [*node.args, *(k.value for k in node.keywords)]
+            for n in _timing_names(arg)
+        ]
     if isinstance(node, ast.Name):
         return [node.id] if TIMING_NAME.search(node.id) else []
     if isinstance(node, ast.Attribute):
@@ -54,7 +72,11 @@ def _timing_names(node: ast.AST) -> list[str]:
 
 
 def _is_zero(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and node.value == 0 and not isinstance(node.value, bool)
+    return (
+        isinstance(node, ast.Constant)
+        and node.value == 0
+        and not isinstance(node.value, bool)
+    )
 
 
 def timing_orderings(test: ast.AST) -> list[str]:
@@ -70,7 +92,8 @@ def timing_orderings(test: ast.AST) -> list[str]:
 
 
 def timing_assertions(source: str, filename: str = "<test>") -> list[str]:
-    """``file:line: names`` for each assert that orders a duration, without ``# timing-ok:``."""
+    """``file:line: names`` for each assert that orders a duration, without ``#
+    timing-ok:``."""
     lines = source.splitlines()
     hits = []
     for node in ast.walk(ast.parse(source, filename)):
@@ -87,5 +110,7 @@ def timing_assertions_in(folder: Path) -> list[str]:
     return [
         hit
         for path in sorted(folder.rglob("*.py"))
-        for hit in timing_assertions(path.read_text(), str(path.relative_to(folder.parent)))
+        for hit in timing_assertions(
+            path.read_text(), str(path.relative_to(folder.parent))
+        )
     ]

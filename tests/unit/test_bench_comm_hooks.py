@@ -1,4 +1,5 @@
-"""The comm-hook benchmark refuses a warm-up that would time PowerSGD's uncompressed first steps."""
+"""The comm-hook benchmark refuses a warm-up that would time PowerSGD's uncompressed
+first steps."""
 
 import pytest
 

@@ -1,5 +1,5 @@
-"""The DDP benchmark (distlab.bench.ddp): torch DDP at its defaults, interleaved repeats, and no
-verdict inside the spread; and the recording the DDP chapter reads."""
+"""The DDP benchmark (distlab.bench.ddp): torch DDP at its defaults, interleaved
+repeats, and no verdict inside the spread; and the recording the DDP chapter reads."""
 
 import json
 import statistics
@@ -18,21 +18,35 @@ RECORDED = REPO_ROOT / "results" / "ddp_bench.json"
 
 def _first_bucket(options: WrapOptions) -> tuple[bool, int]:
     wrapped = build("ddp", "tiny", options=options).wrapped
-    return wrapped.bucket_bytes_cap_default, wrapped._bucket_config.first_bucket_bytes_cap
+    return (
+        wrapped.bucket_bytes_cap_default,
+        wrapped._bucket_config.first_bucket_bytes_cap,
+    )
 
 
 def test_torch_ddp_keeps_its_small_first_bucket_only_when_bucket_cap_mb_is_not_passed():
     default, passed = run_ranks(
-        lambda: (_first_bucket(WrapOptions()), _first_bucket(WrapOptions(bucket_cap_mb=25))), nprocs=2
+        lambda: (
+            _first_bucket(WrapOptions()),
+            _first_bucket(WrapOptions(bucket_cap_mb=25)),
+        ),
+        nprocs=2,
     )[0]
-    assert default == (True, dist._DEFAULT_FIRST_BUCKET_BYTES) == (True, 2**20)  # 1 MiB first, then 25
-    assert passed == (False, 25 * 2**20)  # the default value, passed: every bucket 25 MiB
+    # 1 MiB first, then 25
+    assert default == (True, dist._DEFAULT_FIRST_BUCKET_BYTES) == (True, 2**20)
+    # the default value, passed: every bucket 25 MiB
+    assert passed == (False, 25 * 2**20)
 
 
 def test_the_plan_runs_torch_ddp_at_its_defaults_and_passes_a_cap_only_in_the_sweep():
     rows = bench.plan(nprocs=2, caps=[1.0, 25.0])
-    assert rows["ddp"]["cap"] is None and all(rows[s]["cap"] is None for s in ("ddp-naive", "ddp-bucketed"))
-    assert [r["cap"] for name, r in rows.items() if name.startswith("ddp cap=")] == [1.0, 25.0]
+    assert rows["ddp"]["cap"] is None and all(
+        rows[s]["cap"] is None for s in ("ddp-naive", "ddp-bucketed")
+    )
+    assert [r["cap"] for name, r in rows.items() if name.startswith("ddp cap=")] == [
+        1.0,
+        25.0,
+    ]
     assert (rows["lab1_single"]["ranks"], rows["lab2_ddp"]["ranks"]) == (1, 2)
 
 
@@ -40,7 +54,10 @@ def _result(rows: dict[str, list[float]]) -> dict:
     work = {"preset": "tiny", "global_batch": 16, "nprocs": 2, "repeats": 3}
     return {
         "workload": work,
-        "rows": {name: {"about": name, "tokens_per_s": {"repeats": t, **bench.spread(t)}} for name, t in rows.items()},
+        "rows": {
+            name: {"about": name, "tokens_per_s": {"repeats": t, **bench.spread(t)}}
+            for name, t in rows.items()
+        },
     }
 
 
@@ -50,23 +67,32 @@ def test_two_rows_differ_only_when_their_spreads_do_not_overlap():
             "lab1_single": [100, 110, 105],
             "lab2_ddp": [111, 120, 115],
             "ddp": [100, 104, 102],
-            "ddp-naive": [95, 103, 99],  # overlaps DDP's 100-104: a draw, though its median is lower
+            # overlaps DDP's 100-104: a draw, though its median is lower
+            "ddp-naive": [95, 103, 99],
             "ddp-bucketed": [106, 108, 107],
             "ddp cap=1": [90, 92, 91],
         }
     )
     assert bench.spread([3, 1, 2]) == {"median": 2, "min": 1, "max": 3}
-    assert [bench.compare(result, n, "ddp") for n in ("ddp-naive", "ddp-bucketed", "ddp cap=1")] == [
+    assert [
+        bench.compare(result, n, "ddp")
+        for n in ("ddp-naive", "ddp-bucketed", "ddp cap=1")
+    ] == [
         "within noise",
         "faster",
         "slower",
     ]
-    assert bench.verdict(result, "lab2_ddp") == "faster (vs lab1_single)"  # lab 2 is compared with lab 1
+    # lab 2 is compared with lab 1
+    assert bench.verdict(result, "lab2_ddp") == "faster (vs lab1_single)"
     assert bench.verdict(result, "ddp") == bench.verdict(result, "lab1_single") == ""
     table = {row["row"]: row for row in bench.table(result)}
-    assert table["ddp-naive"]["min - max"] == "95 - 103" and table["ddp-naive"]["median / torch DDP's"] == "0.97"
+    assert (
+        table["ddp-naive"]["min - max"] == "95 - 103"
+        and table["ddp-naive"]["median / torch DDP's"] == "0.97"
+    )
     fig = bench.figure(result)
-    assert [len(ax.patches) for ax in fig.axes] == [5, 2]  # default DDP stands beside the sweep
+    # default DDP stands beside the sweep
+    assert [len(ax.patches) for ax in fig.axes] == [5, 2]
     plt.close(fig)
 
 

@@ -1,6 +1,6 @@
-"""The float8 benchmark's guards, on any machine: which layers it converts, and the one-line
-error it gives where float8 cannot run (no GPU, an older GPU, no torchao). The run itself is
-a GPU test (tests/gpu/test_gpu_float8.py)."""
+"""The float8 benchmark's guards, on any machine: which layers it converts, and the
+one-line error it gives where float8 cannot run (no GPU, an older GPU, no torchao). The
+run itself is a GPU test (tests/gpu/test_gpu_float8.py)."""
 
 from unittest import mock
 
@@ -13,7 +13,8 @@ from distlab.errors import UserError
 
 def test_only_linears_whose_two_dims_divide_by_16_are_converted():
     assert float8.float8_able(nn.Linear(768, 3072), "blocks.0.mlp.fc")
-    assert not float8.float8_able(nn.Linear(768, 65), "lm_head")  # the 65-character head
+    # the 65-character head
+    assert not float8.float8_able(nn.Linear(768, 65), "lm_head")
     assert not float8.float8_able(nn.LayerNorm(768), "ln_f")
 
 

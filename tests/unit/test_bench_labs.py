@@ -1,6 +1,7 @@
-"""The labs benchmark (distlab.bench.labs) on GPUs, tested on a CPU: the rank count checked against the
-GPUs before anything starts, the flags passed on to the labs, the CUDA peaks kept, the result's file
-name, and the GPUs' provenance. What needs a GPU itself is in tests/gpu/."""
+"""The labs benchmark (distlab.bench.labs) on GPUs, tested on a CPU: the rank count
+checked against the GPUs before anything starts, the flags passed on to the labs, the
+CUDA peaks kept, the result's file name, and the GPUs' provenance. What needs a GPU
+itself is in tests/gpu/."""
 
 import json
 import os
@@ -28,7 +29,8 @@ WORKLOAD = {
 
 
 def test_more_ranks_than_gpus_is_refused_in_one_line_before_any_launch(monkeypatch):
-    monkeypatch.setattr(bench, "pick_device", lambda requested: torch.device("cuda", 0))  # as on a 2-GPU machine
+    # as on a 2-GPU machine
+    monkeypatch.setattr(bench, "pick_device", lambda requested: torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(bench, "run_one", lambda *a: pytest.fail("a lab was launched"))
     with pytest.raises(UserError) as refused:
@@ -37,29 +39,52 @@ def test_more_ranks_than_gpus_is_refused_in_one_line_before_any_launch(monkeypat
         "--ranks 4 needs 4 GPUs (one per rank) and this machine shows 2: "
         "ask for at most 2 ranks, or run on --device cpu"
     )
-    bench.check_gpus_for([1, 2], torch.device("cuda", 0))  # as many as there are GPUs: fine
-    bench.check_gpus_for([8], torch.device("cpu"))  # CPU ranks share the cores: no such limit
+    # as many as there are GPUs: fine
+    bench.check_gpus_for([1, 2], torch.device("cuda", 0))
+    # CPU ranks share the cores: no such limit
+    bench.check_gpus_for([8], torch.device("cpu"))
 
 
 def test_compile_log_every_and_tf32_reach_every_lab_only_when_asked(tmp_path):
     plain = bench.lab_args("lab1_single", WORKLOAD, tmp_path)
-    assert not {"--compile", "--log-every", "--tf32"} & set(plain)  # a plain run's command is unchanged
-    assert plain[plain.index("--device") + 1] == "cuda"  # the device resolved by the bench, never "auto"
-    asked = bench.lab_args("lab4_fsdp2", {**WORKLOAD, "compile": True, "log_every": 10, "tf32": True}, tmp_path)
-    assert "--compile" in asked and "--tf32" in asked and asked[asked.index("--log-every") + 1] == "10"
+    # a plain run's command is unchanged
+    assert not {"--compile", "--log-every", "--tf32"} & set(plain)
+    # the device resolved by the bench, never "auto"
+    assert plain[plain.index("--device") + 1] == "cuda"
+    asked = bench.lab_args(
+        "lab4_fsdp2",
+        {**WORKLOAD, "compile": True, "log_every": 10, "tf32": True},
+        tmp_path,
+    )
+    assert (
+        "--compile" in asked
+        and "--tf32" in asked
+        and asked[asked.index("--log-every") + 1] == "10"
+    )
     assert asked[asked.index("--micro-batch-size") + 1] == "8"  # labs 3-6 only
-    assert bench.result_name(WORKLOAD) == "cuda_gpt2_bf16"  # what the Benchmarks chapter looks for
-    assert bench.result_name({**WORKLOAD, "compile": True, "tf32": True}) == "cuda_gpt2_bf16_tf32_compile"
+    # what the Benchmarks chapter looks for
+    assert bench.result_name(WORKLOAD) == "cuda_gpt2_bf16"
+    assert (
+        bench.result_name({**WORKLOAD, "compile": True, "tf32": True})
+        == "cuda_gpt2_bf16_tf32_compile"
+    )
 
 
 def test_a_flag_a_lab_does_not_have_is_refused(monkeypatch):
-    monkeypatch.setattr(bench, "lab_options", lambda lab: {"preset", "steps"})  # an older lab script
-    with pytest.raises(UserError, match="lab2_ddp has no --compile, --log-every option"):
-        bench.check_options_exist({**WORKLOAD, "compile": True, "log_every": 5}, {"lab2_ddp"})
+    # an older lab script
+    monkeypatch.setattr(bench, "lab_options", lambda lab: {"preset", "steps"})
+    with pytest.raises(
+        UserError, match="lab2_ddp has no --compile, --log-every option"
+    ):
+        bench.check_options_exist(
+            {**WORKLOAD, "compile": True, "log_every": 5}, {"lab2_ddp"}
+        )
     bench.check_options_exist(WORKLOAD, {"lab2_ddp"})  # nothing asked: nothing to check
 
 
-def test_a_run_keeps_rank_0s_cuda_peaks_when_its_lab_recorded_them(monkeypatch, tmp_path):
+def test_a_run_keeps_rank_0s_cuda_peaks_when_its_lab_recorded_them(
+    monkeypatch, tmp_path
+):
     summary = {
         "lab": "lab1_single",
         "world_size": 1,
@@ -75,7 +100,8 @@ def test_a_run_keeps_rank_0s_cuda_peaks_when_its_lab_recorded_them(monkeypatch, 
     }
     launched = {}
 
-    def fake_run_script(script, args, nprocs, timeout, device, quiet):  # what the lab would have written
+    # what the lab would have written
+    def fake_run_script(script, args, nprocs, timeout, device, quiet):
         launched["device"] = device
         out = args[args.index("--out") + 1]
         os.makedirs(out)
@@ -86,24 +112,35 @@ def test_a_run_keeps_rank_0s_cuda_peaks_when_its_lab_recorded_them(monkeypatch, 
 
     monkeypatch.setattr(bench, "run_script", fake_run_script)
     run = bench.run_one("lab1_single", 1, WORKLOAD, tmp_path, timeout=10)
-    assert launched["device"] == "cuda"  # launched for the GPUs: no CUDA_VISIBLE_DEVICES="" pinning
-    assert (run["cuda_max_memory_allocated"], run["cuda_max_memory_reserved"]) == (5 * 10**9, 6 * 10**9)
+    # launched for the GPUs: no CUDA_VISIBLE_DEVICES="" pinning
+    assert launched["device"] == "cuda"
+    assert (run["cuda_max_memory_allocated"], run["cuda_max_memory_reserved"]) == (
+        5 * 10**9,
+        6 * 10**9,
+    )
     assert run["step_s"] == 0.5 and run["losses"] == [3.0]
-    assert "CUDA peak 5,000 MB" in bench.describe(run) and "(0.20 of the datasheet's)" in bench.describe(run)
+    assert "CUDA peak 5,000 MB" in bench.describe(
+        run
+    ) and "(0.20 of the datasheet's)" in bench.describe(run)
 
 
 def test_gpu_provenance_names_the_gpus_driver_cuda_and_nccl(monkeypatch, tmp_path):
-    fake_smi = tmp_path / "nvidia-smi"  # prints what `nvidia-smi --query-gpu=driver_version` prints, per GPU
+    # prints what `nvidia-smi --query-gpu=driver_version` prints, per GPU
+    fake_smi = tmp_path / "nvidia-smi"
     fake_smi.write_text("#!/bin/sh\necho 550.54.15\necho 550.54.15\n")
     fake_smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(
+        torch.cuda, "get_device_name", lambda i=None: "NVIDIA H100 80GB HBM3"
+    )
     gpus = provenance.gpu_provenance()
     assert gpus["gpu_count"] == 2 and gpus["gpu_names"] == ["NVIDIA H100 80GB HBM3"] * 2
     assert gpus["nvidia_driver"] == "550.54.15"
     assert gpus["cuda"] == torch.version.cuda  # None on this CPU wheel
-    assert gpus["nccl"] is None or gpus["nccl"].count(".") >= 2  # a CPU wheel carries no NCCL
+    # a CPU wheel carries no NCCL
+    assert gpus["nccl"] is None or gpus["nccl"].count(".") >= 2
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert provenance.nvidia_driver() is None  # no nvidia-smi: unknown, not an error
-    assert "gpu_count" not in provenance.provenance("distlab.bench", [], "cpu")  # a CPU recording has no GPU fields
+    # a CPU recording has no GPU fields
+    assert "gpu_count" not in provenance.provenance("distlab.bench", [], "cpu")

@@ -11,7 +11,13 @@ import torch
 import torch.distributed as dist
 
 from distlab.errors import UserError
-from distlab.infra.launch import LaunchTimeout, RankFailed, _rank_env, run_ranks, run_script
+from distlab.infra.launch import (
+    LaunchTimeout,
+    RankFailed,
+    _rank_env,
+    run_ranks,
+    run_script,
+)
 from distlab.infra.launcher import _root_failure, rank_entry
 from distlab.runtime import pick_device
 
@@ -57,7 +63,8 @@ def test_a_hung_rank_is_killed_at_the_timeout(tmp_path):
             time.sleep(600)
         return "done"
 
-    # the launcher's own timeout, not the test's: LaunchTimeout, naming the 15 s it was given
+    # the launcher's own timeout, not the test's: LaunchTimeout, naming the 15 s it was
+    # given
     with pytest.raises(LaunchTimeout, match="did not finish within 15 s"):
         run_ranks(hang_on_rank_0, nprocs=2, timeout=15, quiet=True)
     for pid_file in tmp_path.glob("pid*"):
@@ -70,13 +77,16 @@ def test_a_skipped_collective_fails_at_the_process_group_timeout():
         if dist.get_rank() == 0:
             dist.all_reduce(torch.ones(1))
         else:
-            time.sleep(30)  # never joins; rank 0 must give up after pg_timeout, not hang
+            # never joins; rank 0 must give up after pg_timeout, not hang
+            time.sleep(30)
         return "done"
 
     with pytest.raises(RankFailed) as info:
-        run_ranks(rank_1_skips_the_all_reduce, nprocs=2, pg_timeout=5, timeout=60, quiet=True)
-    # rank 0 failed in its all_reduce, by gloo's timeout of the 5 s given: the process group's own
-    # error, not the launch's (that would be LaunchTimeout, at 60 s)
+        run_ranks(
+            rank_1_skips_the_all_reduce, nprocs=2, pg_timeout=5, timeout=60, quiet=True
+        )
+    # rank 0 failed in its all_reduce, by gloo's timeout of the 5 s given: the process
+    # group's own error, not the launch's (that would be LaunchTimeout, at 60 s)
     assert info.value.rank == 0
     assert "Timed out waiting 5000ms" in str(info.value), str(info.value)[-2000:]
 
@@ -97,7 +107,9 @@ def test_two_launches_at_once_do_not_collide():
 
 def test_a_failing_script_raises_with_its_one_line_error():
     with pytest.raises(RankFailed, match="unknown preset 'huge'"):
-        run_script("src/labs/lab1_single.py", ["--preset", "huge"], nprocs=1, quiet=True)
+        run_script(
+            "src/labs/lab1_single.py", ["--preset", "huge"], nprocs=1, quiet=True
+        )
 
 
 def test_bad_arguments_are_refused_before_anything_starts():
@@ -117,33 +129,42 @@ def device_backend_and_environment():
 
 
 def join_with_cuda_reported():
-    """In a rank: torch now says it has 8 GPUs; then what every rank of run_ranks does (rank_entry),
-    with device "auto" as a lab's default asks. Unpinned, it would take cuda:N and NCCL."""
+    """In a rank: torch now says it has 8 GPUs; then what every rank of run_ranks does
+    (rank_entry), with device "auto" as a lab's default asks. Unpinned, it would take
+    cuda:N and NCCL."""
     torch.cuda.is_available = lambda: True
     torch.cuda.device_count = lambda: 8
-    return rank_entry(cloudpickle.dumps(device_backend_and_environment), (), "auto", 30.0, True)
+    return rank_entry(
+        cloudpickle.dumps(device_backend_and_environment), (), "auto", 30.0, True
+    )
 
 
 def test_ranks_pick_the_cpu_and_gloo_where_cuda_is_reported(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the caller sees GPUs too
+    # the caller sees GPUs too
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
-    results = run_ranks(join_with_cuda_reported, nprocs=2, init_group=False, quiet=True)  # device="cpu": the default
+    # device="cpu": the default
+    results = run_ranks(join_with_cuda_reported, nprocs=2, init_group=False, quiet=True)
     assert results == [("cpu", "gloo", "", "cpu")] * 2
 
 
 def test_cpu_ranks_are_pinned_and_cuda_ranks_are_not(monkeypatch):
-    monkeypatch.setenv("DISTLAB_DEVICE", "cpu")  # as in a pinned caller: make test, make book
+    # as in a pinned caller: make test, make book
+    monkeypatch.setenv("DISTLAB_DEVICE", "cpu")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cpu = _rank_env(2, "cpu")
     assert (cpu["DISTLAB_DEVICE"], cpu["CUDA_VISIBLE_DEVICES"]) == ("cpu", "")
-    assert cpu["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))  # the ranks share the cores
+    # the ranks share the cores
+    assert cpu["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
     cuda = _rank_env(2, "cuda")
     assert "DISTLAB_DEVICE" not in cuda and "OMP_NUM_THREADS" not in cuda
     assert cuda["CUDA_VISIBLE_DEVICES"] == "0,1"  # the caller's choice of GPUs stands
 
 
-def test_more_ranks_than_gpus_is_refused_in_one_line_before_anything_starts(monkeypatch):
+def test_more_ranks_than_gpus_is_refused_in_one_line_before_anything_starts(
+    monkeypatch,
+):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(UserError) as info:
@@ -153,18 +174,35 @@ def test_more_ranks_than_gpus_is_refused_in_one_line_before_anything_starts(monk
         "start at most 2 ranks, or pass device='cpu'"
     )
     with pytest.raises(UserError, match="4 ranks on device='cuda' need 4 GPUs"):
-        run_script("src/labs/lab1_single.py", ["--device", "cuda"], nprocs=4, device="cuda")
-    with pytest.raises(ValueError, match="device must be 'auto', 'cpu' or 'cuda', got 'gpu'"):
+        run_script(
+            "src/labs/lab1_single.py", ["--device", "cuda"], nprocs=4, device="cuda"
+        )
+    with pytest.raises(
+        ValueError, match="device must be 'auto', 'cpu' or 'cuda', got 'gpu'"
+    ):
         run_ranks(rank_sum, device="gpu")
 
 
 def test_the_reported_failure_is_the_root_cause_not_the_peer_that_lost_its_connection():
-    """Elastic's timestamps are whole seconds: a rank's timeout and its peer's "Connection closed
-    by peer" a moment later often tie, and the lower rank would be named."""
+    """Elastic's timestamps are whole seconds: a rank's timeout and its peer's
+    "Connection closed by peer" a moment later often tie, and the lower rank would be
+    named."""
     lost = SimpleNamespace(
-        message="RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:10150", timestamp=7
+        message="RuntimeError: [pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:10150",
+        timestamp=7,
     )
-    timed_out = SimpleNamespace(message="RuntimeError: [unbound_buffer.cc:81] Timed out waiting 5000ms", timestamp=7)
-    assert _root_failure(SimpleNamespace(failures={0: lost, 1: timed_out})) == (1, timed_out)
+    timed_out = SimpleNamespace(
+        message="RuntimeError: [unbound_buffer.cc:81] Timed out waiting 5000ms",
+        timestamp=7,
+    )
+    assert _root_failure(SimpleNamespace(failures={0: lost, 1: timed_out})) == (
+        1,
+        timed_out,
+    )
     later = SimpleNamespace(message="ValueError: bad input", timestamp=9)
-    assert _root_failure(SimpleNamespace(failures={0: later, 1: timed_out})) == (1, timed_out)  # else the earliest
+    # else the earliest
+    assert _root_failure(SimpleNamespace(failures={0: later, 1: timed_out})) == (
+        1,
+        timed_out,
+    )

@@ -11,9 +11,15 @@ from distlab.metrics import LogWindow
 CPU = torch.device("cpu")
 
 
-def logged(start_step: int, steps: int, log_every: int, eval_every: int = 100) -> list[int]:
+def logged(
+    start_step: int, steps: int, log_every: int, eval_every: int = 100
+) -> list[int]:
     window = LogWindow(CPU, 1, start_step, steps, log_every)
-    return [s for s in range(start_step, steps) if window.is_log_point(s, (s + 1) % eval_every == 0)]
+    return [
+        s
+        for s in range(start_step, steps)
+        if window.is_log_point(s, (s + 1) % eval_every == 0)
+    ]
 
 
 def test_log_every_1_logs_every_step():
@@ -23,11 +29,13 @@ def test_log_every_1_logs_every_step():
 def test_log_every_k_logs_the_warm_up_steps_every_kth_step_evaluations_and_the_last():
     assert logged(0, 20, 3) == [0, 1, 2, 5, 8, 11, 14, 17, 19]
     assert logged(0, 20, 5, eval_every=7) == [0, 1, 4, 6, 9, 13, 14, 19]
-    assert logged(7, 20, 5) == [7, 8, 9, 14, 19]  # resumed at step 7: its first two steps warm up again
+    # resumed at step 7: its first two steps warm up again
+    assert logged(7, 20, 5) == [7, 8, 9, 14, 19]
 
 
 def test_each_record_is_the_logged_steps_loss_and_the_windows_throughput(monkeypatch):
-    clock = iter([0.0, 1.0, 1.0, 3.0, 10.0, 18.0])  # open, close of steps 0, 1, then of steps 2-5
+    # open, close of steps 0, 1, then of steps 2-5
+    clock = iter([0.0, 1.0, 1.0, 3.0, 10.0, 18.0])
     monkeypatch.setattr("distlab.metrics.time.perf_counter", lambda: next(clock))
     window = LogWindow(CPU, tokens_per_step=100, start_step=0, steps=6, log_every=10)
     records = []
@@ -37,7 +45,11 @@ def test_each_record_is_the_logged_steps_loss_and_the_windows_throughput(monkeyp
             records.append(window.close(step, loss=float(step), lr=0.1))
     assert [r["step"] for r in records] == [0, 1, 5]
     assert list(records[-1]) == ["step", "loss", "lr", "tokens_per_s", "step_s"]
-    assert (records[-1]["loss"], records[-1]["tokens_per_s"], records[-1]["step_s"]) == (5.0, 400 / 8, 2.0)
+    assert (
+        records[-1]["loss"],
+        records[-1]["tokens_per_s"],
+        records[-1]["step_s"],
+    ) == (5.0, 400 / 8, 2.0)
     assert (records[1]["tokens_per_s"], records[1]["step_s"]) == (50.0, 2.0)
     assert window.tokens_per_s == 400 / 8  # the two warm-up steps are left out
 

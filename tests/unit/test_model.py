@@ -3,7 +3,14 @@ import math
 import pytest
 import torch
 
-from distlab.model import GPT, PRESETS, GPTConfig, count_parameters, parameter_formula, preset
+from distlab.model import (
+    GPT,
+    PRESETS,
+    GPTConfig,
+    count_parameters,
+    parameter_formula,
+    preset,
+)
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -14,7 +21,13 @@ def test_parameter_formula_matches_the_instantiated_model(name):
 
 def test_shakespeare_preset_has_10_77m_parameters():
     cfg = preset("shakespeare")
-    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, cfg.vocab_size) == (6, 384, 6, 256, 65)
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, cfg.vocab_size) == (
+        6,
+        384,
+        6,
+        256,
+        65,
+    )
     assert count_parameters(GPT(cfg)) == 10_770_816
     # the figure nanoGPT prints for its bias-free config, without position embeddings
     assert parameter_formula(cfg, bias=False, include_wpe=False) == 10_646_784
@@ -22,9 +35,17 @@ def test_shakespeare_preset_has_10_77m_parameters():
 
 def test_gpt2_preset_is_gpt2_small_shaped_with_85_89m_parameters():
     cfg = preset("gpt2")
-    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, cfg.vocab_size) == (12, 768, 12, 1024, 65)
-    assert parameter_formula(cfg) == 85_892_352  # GPT(cfg) has as many: the parametrized test above builds it
-    assert parameter_formula(preset("gpt2", vocab_size=50_257)) == 124_439_808  # GPT-2 small's own count
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size, cfg.vocab_size) == (
+        12,
+        768,
+        12,
+        1024,
+        65,
+    )
+    # GPT(cfg) has as many: the parametrized test above builds it
+    assert parameter_formula(cfg) == 85_892_352
+    # GPT-2 small's own count
+    assert parameter_formula(preset("gpt2", vocab_size=50_257)) == 124_439_808
 
 
 def test_head_is_tied_to_the_token_embedding():
@@ -33,7 +54,11 @@ def test_head_is_tied_to_the_token_embedding():
 
 
 def test_initialisation_is_deterministic_and_seeded():
-    a, b, c = GPT(preset("tiny"), seed=1), GPT(preset("tiny"), seed=1), GPT(preset("tiny"), seed=2)
+    a, b, c = (
+        GPT(preset("tiny"), seed=1),
+        GPT(preset("tiny"), seed=1),
+        GPT(preset("tiny"), seed=2),
+    )
     for pa, pb in zip(a.parameters(), b.parameters()):
         assert torch.equal(pa, pb)
     assert not torch.equal(a.wte.weight, c.wte.weight)
@@ -84,5 +109,9 @@ def test_unknown_preset_names_the_choices():
 
 def test_generate_extends_the_prompt():
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=16))
-    out = model.generate(torch.zeros(2, 3, dtype=torch.long), 10, generator=torch.Generator().manual_seed(0))
+    out = model.generate(
+        torch.zeros(2, 3, dtype=torch.long),
+        10,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert out.shape == (2, 13) and int(out.max()) < 11

@@ -3,4 +3,5 @@
 from distlab.bench.labs import main
 from distlab.cli import run
 
-run(main, "python -m distlab.bench")  # a UserError (too many ranks for the GPUs...) ends in one line
+# a UserError (too many ranks for the GPUs...) ends in one line
+run(main, "python -m distlab.bench")

@@ -1,21 +1,22 @@
-"""float8 training and FSDP2's float8 all-gather (torchao, as torchtitan uses them) against bf16:
-the bytes each all-gather moves, the precision of one matmul, losses, step time and peak memory.
+"""float8 training and FSDP2's float8 all-gather (torchao, as torchtitan uses them)
+against bf16: the bytes each all-gather moves, the precision of one matmul, losses, step
+time and peak memory.
 
     python -m distlab.bench.float8 --preset gpt2 --batch-size 8 --steps 300   # a GPU of compute capability 8.9+
 
-GPU only: float8 matmuls (``torch._scaled_mm``) need an Ada or Hopper GPU, and torchao (not a
-dependency of the book: install it beside your torch). One process, FSDP2 on a group of one.
-Both runs are the labs' FSDP2 recipe (``apply_compile``, then ``apply_fsdp`` with bf16
-parameters and fp32 reduction); the float8 run first swaps every ``nn.Linear`` whose two dims
-divide by 16 for torchao's ``Float8Linear`` (tensorwise scaling), with
-``enable_fsdp_float8_all_gather`` and, after each optimizer step,
-``precompute_float8_dynamic_scale_for_fsdp``.
+GPU only: float8 matmuls (``torch._scaled_mm``) need an Ada or Hopper GPU, and torchao
+(not a dependency of the book: install it beside your torch). One process, FSDP2 on a
+group of one. Both runs are the labs' FSDP2 recipe (``apply_compile``, then
+``apply_fsdp`` with bf16 parameters and fp32 reduction); the float8 run first swaps
+every ``nn.Linear`` whose two dims divide by 16 for torchao's ``Float8Linear``
+(tensorwise scaling), with ``enable_fsdp_float8_all_gather`` and, after each optimizer
+step, ``precompute_float8_dynamic_scale_for_fsdp``.
 
 The bytes: with one rank FSDP2 skips the collective itself (``world_size == 1`` in
 ``_fsdp_param_group.py``), so they are read where FSDP2 builds each all-gather's input,
-``FSDPParam.all_gather_inputs``: the tensors every rank contributes, whatever the world size
-(per rank, N ranks send (N-1)/N of N times this on a ring). Results go to ``--out`` (default
-``results/float8_bench.json``) with their provenance.
+``FSDPParam.all_gather_inputs``: the tensors every rank contributes, whatever the world
+size (per rank, N ranks send (N-1)/N of N times this on a ring). Results go to ``--out``
+(default ``results/float8_bench.json``) with their provenance.
 """
 
 from __future__ import annotations
@@ -40,21 +41,34 @@ WARMUP = 10  # steps left out of the timing: compilation happens in the first
 
 def require_float8_gpu() -> None:
     if not torch.cuda.is_available():
-        raise UserError("float8 training needs a CUDA GPU (torch.cuda.is_available() is False)")
+        raise UserError(
+            "float8 training needs a CUDA GPU (torch.cuda.is_available() is False)"
+        )
     if (capability := torch.cuda.get_device_capability()) < (8, 9):
-        raise UserError(f"float8 matmuls need compute capability 8.9+; this GPU has {capability}")
+        raise UserError(
+            f"float8 matmuls need compute capability 8.9+; this GPU has {capability}"
+        )
     try:
         import torchao.float8  # noqa: F401
     except ImportError as error:
-        raise UserError(f"float8 training here uses torchao: pip install torchao ({error})") from error
+        raise UserError(
+            f"float8 training here uses torchao: pip install torchao ({error})"
+        ) from error
 
 
 def float8_able(module: nn.Module, fqn: str) -> bool:
-    """torchao's float8 matmul needs both dims divisible by 16: the 65-character head is not."""
-    return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+    """torchao's float8 matmul needs both dims divisible by 16: the 65-character head is
+    not."""
+    return (
+        isinstance(module, nn.Linear)
+        and module.in_features % 16 == 0
+        and module.out_features % 16 == 0
+    )
 
 
-def build(variant: str, model_preset: str, vocab_size: int, device: torch.device) -> nn.Module:
+def build(
+    variant: str, model_preset: str, vocab_size: int, device: torch.device
+) -> nn.Module:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     torch.manual_seed(0)
@@ -66,7 +80,8 @@ def build(variant: str, model_preset: str, vocab_size: int, device: torch.device
 
 
 def all_gather_input_bytes(model: nn.Module) -> dict[str, int]:
-    """The bytes of each all-gather input FSDP2 builds, by dtype, summed over every unit."""
+    """The bytes of each all-gather input FSDP2 builds, by dtype, summed over every
+    unit."""
     by_dtype: dict[str, int] = {}
     for module in model.modules():
         state = getattr(module, "_get_fsdp_state", None)
@@ -87,7 +102,9 @@ def train(variant: str, args, device: torch.device) -> dict:
     if args.compile:
         apply_compile(model)
     apply_fsdp(model, param_dtype=torch.bfloat16)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), fused=True)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, betas=(0.9, 0.95), fused=True
+    )
     block = model.config.block_size
     torch.cuda.reset_peak_memory_stats(device)
     losses, step_s = [], []
@@ -101,17 +118,29 @@ def train(variant: str, args, device: torch.device) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if variant == "float8":
-            precompute_float8_dynamic_scale_for_fsdp(model)  # one all-reduce of every weight's amax
+            # one all-reduce of every weight's amax
+            precompute_float8_dynamic_scale_for_fsdp(model)
         synchronize(device)
         step_s.append(time.perf_counter() - start)
         losses.append(loss.item())
-        if step == 0:  # FSDP2 sets each parameter's dtypes at the first forward; after backward all are sharded
+        # FSDP2 sets each parameter's dtypes at the first forward; after backward all
+        # are sharded
+        if step == 0:
             gathered = all_gather_input_bytes(model)
         if step % 50 == 0:
-            print(f"{variant} step {step} loss {losses[-1]:.4f} {1000 * step_s[-1]:.1f} ms", flush=True)
+            print(
+                f"{variant} step {step} loss {losses[-1]:.4f} "
+                f"{1000 * step_s[-1]:.1f} ms",
+                flush=True,
+            )
     model.eval()
     with torch.no_grad():
-        val = [model(*data.batch("val", s, args.batch_size, block, seed=1, device=device))[1].item() for s in range(20)]
+        val = [
+            model(*data.batch("val", s, args.batch_size, block, seed=1, device=device))[
+                1
+            ].item()
+            for s in range(20)
+        ]
     return {
         "variant": variant,
         "float8_linears": float8_linears,
@@ -126,7 +155,9 @@ def train(variant: str, args, device: torch.device) -> dict:
     }
 
 
-def matmul_error(device: torch.device, m: int = 8192, k: int = 768, n: int = 3072) -> dict:
+def matmul_error(
+    device: torch.device, m: int = 8192, k: int = 768, n: int = 3072
+) -> dict:
     """Relative error of one linear's output, float8 and bf16, against the fp32 product."""
     from torchao.float8 import convert_to_float8_training
 

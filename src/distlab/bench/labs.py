@@ -5,25 +5,26 @@
     python -m distlab.bench --device cuda --preset gpt2 --dtype bf16 --batch-size 32 \
         --micro-batch-size 16 --log-every 10 --steps 30 --ranks 1 2   # 2 GPUs; again with --compile
 
-Each run is a real run of a lab script, ``src/labs/labN_*.py``, launched as torchrun would
-launch it, with the same options for every lab: model preset, global batch, steps, dtype
-and, for labs 3 to 6, micro-batch size (so each lab differs from the one before by its one
-feature). From each run's ``summary.json`` and ``metrics.jsonl`` the result keeps tokens/s
-(the first two steps left out), MFU of the measured matmul peak (timed at the end of each run
-by all its ranks at once; on a GPU also MFU of the datasheet peak), bytes of model state per
-rank, the peak bytes by kind of rank 0's second step (PyTorch's MemTracker, the labs'
-``--track-memory``), the losses, and the exact command line. Lab 1 runs on one process only.
-On a shared machine one run's speed can be far off the next's (the recorded repeats say how
-far): ``--repeats K`` runs the whole plan K times over and keeps, for each lab and rank count,
-the run with the median tokens/s. On CUDA each rank is a GPU (``--ranks`` above the GPU count
-is refused before anything starts), and each run also keeps rank 0's peak CUDA memory
-(``torch.cuda.max_memory_allocated``, ``max_memory_reserved``). ``--compile``, ``--log-every``
-and ``--tf32`` are passed on to every lab.
+Each run is a real run of a lab script, ``src/labs/labN_*.py``, launched as torchrun
+would launch it, with the same options for every lab: model preset, global batch, steps,
+dtype and, for labs 3 to 6, micro-batch size (so each lab differs from the one before by
+its one feature). From each run's ``summary.json`` and ``metrics.jsonl`` the result
+keeps tokens/s (the first two steps left out), MFU of the measured matmul peak (timed at
+the end of each run by all its ranks at once; on a GPU also MFU of the datasheet peak),
+bytes of model state per rank, the peak bytes by kind of rank 0's second step (PyTorch's
+MemTracker, the labs' ``--track-memory``), the losses, and the exact command line. Lab 1
+runs on one process only. On a shared machine one run's speed can be far off the next's
+(the recorded repeats say how far): ``--repeats K`` runs the whole plan K times over and
+keeps, for each lab and rank count, the run with the median tokens/s. On CUDA each rank
+is a GPU (``--ranks`` above the GPU count is refused before anything starts), and each
+run also keeps rank 0's peak CUDA memory (``torch.cuda.max_memory_allocated``,
+``max_memory_reserved``). ``--compile``, ``--log-every`` and ``--tf32`` are passed on to
+every lab.
 
-The result goes to ``--out`` (default ``results/bench/<device>_<preset>_<dtype>.json``, with
-``_tf32`` and ``_compile`` added when those were asked for) with its provenance (on CUDA: the
-GPUs, their driver, CUDA and NCCL versions); the Benchmarks chapter reads these files and never
-reruns them.
+The result goes to ``--out`` (default ``results/bench/<device>_<preset>_<dtype>.json``,
+with ``_tf32`` and ``_compile`` added when those were asked for) with its provenance (on
+CUDA: the GPUs, their driver, CUDA and NCCL versions); the Benchmarks chapter reads
+these files and never reruns them.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ from distlab.metrics import read_metrics, read_summary
 from distlab.runtime import pick_device
 
 SCHEMA = 2  # bump when the layout of a result file changes; the tests read this layout
-# 2: MFU of a peak timed by every run itself (peak_measured_with), the datasheet MFU; load and CPU flags
-# (added since, so read with .get: the workload's compile/log_every/tf32, CUDA peaks, the GPU provenance)
+# 2: MFU of a peak timed by every run itself (peak_measured_with), the datasheet MFU;
+# load and CPU flags (added since, so read with .get: the workload's
+# compile/log_every/tf32, CUDA peaks, the GPU provenance)
 LABS = {
     1: "lab1_single",
     2: "lab2_ddp",
@@ -82,9 +84,11 @@ KEPT = (
     "parameters",
     "config",
 )
-# kept too where a lab's summary has them: rank 0's peak bytes on a CUDA device (none on a CPU)
+# kept too where a lab's summary has them: rank 0's peak bytes on a CUDA device (none on
+# a CPU)
 CUDA_PEAKS = ("cuda_max_memory_allocated", "cuda_max_memory_reserved")
-# options passed on to every lab only when asked for, so a plain run's command line is unchanged
+# options passed on to every lab only when asked for, so a plain run's command line is
+# unchanged
 PASSED_ON = {"compile": "--compile", "log_every": "--log-every", "tf32": "--tf32"}
 
 
@@ -94,7 +98,8 @@ def lab_path(lab: str) -> Path:
 
 @functools.cache
 def load_lab(lab: str) -> types.ModuleType:
-    """A lab script as a module (its TrainConfig, its functions); its main() does not run."""
+    """A lab script as a module (its TrainConfig, its functions); its main() does not
+    run."""
     name = f"distlab_lab_{lab}"
     spec = importlib.util.spec_from_file_location(name, lab_path(lab))
     module = importlib.util.module_from_spec(spec)
@@ -104,20 +109,37 @@ def load_lab(lab: str) -> types.ModuleType:
 
 
 def lab_options(lab: str) -> set[str]:
-    """The option names (``micro_batch_size``...) of a lab script, read from its TrainConfig."""
+    """The option names (``micro_batch_size``...) of a lab script, read from its
+    TrainConfig."""
     return {field.name for field in dataclasses.fields(load_lab(lab).TrainConfig)}
 
 
 def lab_args(lab: str, workload: dict, out: Path) -> list[str]:
-    """The command line of one run: the workload's options, plus what every benchmark run needs."""
-    args = ["--preset", workload["preset"], "--batch-size", workload["global_batch"], "--steps", workload["steps"]]
-    args += ["--dtype", workload["dtype"], "--device", workload["device"], "--eval-batches", workload["eval_batches"]]
+    """The command line of one run: the workload's options, plus what every benchmark
+    run needs."""
+    args = [
+        "--preset",
+        workload["preset"],
+        "--batch-size",
+        workload["global_batch"],
+        "--steps",
+        workload["steps"],
+    ]
+    args += [
+        "--dtype",
+        workload["dtype"],
+        "--device",
+        workload["device"],
+        "--eval-batches",
+        workload["eval_batches"],
+    ]
     args += ["--sample-chars", 0, "--no-progress", "--out", out]
     if "micro_batch_size" in lab_options(lab):
         args += ["--micro-batch-size", workload["micro_batch_size"]]
     if workload.get("compile"):
-        # no --track-memory: MemTracker is a dispatch mode round a step that compiled blocks run
-        # in, an interaction not tried here; on CUDA the allocator's peaks are recorded anyway
+        # no --track-memory: MemTracker is a dispatch mode round a step that compiled
+        # blocks run in, an interaction not tried here; on CUDA the allocator's peaks
+        # are recorded anyway
         args.append("--compile")
     else:
         args.append("--track-memory")
@@ -128,17 +150,27 @@ def lab_args(lab: str, workload: dict, out: Path) -> list[str]:
     return [str(a) for a in args]
 
 
-def run_one(lab: str, nprocs: int, workload: dict, runs_dir: Path, timeout: float) -> dict:
+def run_one(
+    lab: str, nprocs: int, workload: dict, runs_dir: Path, timeout: float
+) -> dict:
     """One lab at ``nprocs`` ranks: its figures, or the error that stopped it."""
     out = runs_dir / f"{lab}_{nprocs}ranks"
     args = lab_args(lab, workload, out)
     record = {
         "lab": lab,
         "world_size": nprocs,
-        "command": f"torchrun --nproc-per-node={nprocs} src/labs/{lab}.py " + " ".join(args),
+        "command": f"torchrun --nproc-per-node={nprocs} src/labs/{lab}.py "
+        + " ".join(args),
     }
     try:
-        run_script(lab_path(lab), args, nprocs=nprocs, timeout=timeout, device=workload["device"], quiet=True)
+        run_script(
+            lab_path(lab),
+            args,
+            nprocs=nprocs,
+            timeout=timeout,
+            device=workload["device"],
+            quiet=True,
+        )
     except (RankFailed, LaunchTimeout) as err:
         return {**record, "error": str(err).splitlines()[0]}
     summary = read_summary(out)
@@ -150,61 +182,86 @@ def run_one(lab: str, nprocs: int, workload: dict, runs_dir: Path, timeout: floa
 
 
 def median_run(repeats: list[dict]) -> dict:
-    """The repeat with the median tokens/s (the lower of the two middle ones), with every
-    repeat's tokens/s; a failed repeat makes the whole entry a failure."""
+    """The repeat with the median tokens/s (the lower of the two middle ones), with
+    every repeat's tokens/s; a failed repeat makes the whole entry a failure."""
     failed = [r for r in repeats if "error" in r]
     if failed:
         return failed[0]
     ordered = sorted(repeats, key=lambda r: r["tokens_per_s"])
-    return {**ordered[(len(ordered) - 1) // 2], "tokens_per_s_repeats": [r["tokens_per_s"] for r in repeats]}
+    return {
+        **ordered[(len(ordered) - 1) // 2],
+        "tokens_per_s_repeats": [r["tokens_per_s"] for r in repeats],
+    }
 
 
 def describe(run: dict) -> str:
     if "error" in run:
         return f"failed: {run['error']}"
     memory = run["peak_bytes_by_kind"].get("total", 0) / 1e6
-    mfu = "-" if run["mfu"] is None else f"{run['mfu']:.2f}"  # None: above 1, the peak was no peak
+    # None: above 1, the peak was no peak
+    mfu = "-" if run["mfu"] is None else f"{run['mfu']:.2f}"
     if run.get("mfu_of_datasheet_peak") is not None:
         mfu += f" ({run['mfu_of_datasheet_peak']:.2f} of the datasheet's)"
-    cuda = f"  CUDA peak {run['cuda_max_memory_allocated'] / 1e6:,.0f} MB" if "cuda_max_memory_allocated" in run else ""
+    cuda = (
+        f"  CUDA peak {run['cuda_max_memory_allocated'] / 1e6:,.0f} MB"
+        if "cuda_max_memory_allocated" in run
+        else ""
+    )
     return (
         f"{run['tokens_per_s']:9,.0f} tokens/s  MFU {mfu}  state "
-        f"{run['state_bytes_per_rank']['total'] / 1e6:6.1f} MB/rank  peak {memory:6.1f} MB{cuda}  "
+        f"{run['state_bytes_per_rank']['total'] / 1e6:6.1f} MB/rank  peak "
+        f"{memory:6.1f} MB{cuda}  "
         f"loss {run['final_train_loss']:.4f}"
     )
 
 
 def check_gpus_for(ranks: list[int], device: torch.device) -> None:
-    """On CUDA every rank needs a GPU of its own: refuse a rank count above the GPUs there are."""
+    """On CUDA every rank needs a GPU of its own: refuse a rank count above the GPUs
+    there are."""
     if device.type == "cuda" and max(ranks) > torch.cuda.device_count():
         count = torch.cuda.device_count()
         raise UserError(
-            f"--ranks {max(ranks)} needs {max(ranks)} GPUs (one per rank) and this machine shows {count}: "
+            f"--ranks {max(ranks)} needs {max(ranks)} GPUs (one per rank) and "
+            f"this machine shows {count}: "
             f"ask for at most {count} ranks, or run on --device cpu"
         )
 
 
 def check_options_exist(workload: dict, labs: set[str]) -> None:
-    """A flag passed on to the labs must be one each of them has (an older lab script may not)."""
-    asked = [name for name in ("compile", "tf32") if workload[name]] + ["log_every"] * (workload["log_every"] != 1)
+    """A flag passed on to the labs must be one each of them has (an older lab script
+    may not)."""
+    asked = [name for name in ("compile", "tf32") if workload[name]] + ["log_every"] * (
+        workload["log_every"] != 1
+    )
     for lab in sorted(labs):
         missing = [PASSED_ON[name] for name in asked if name not in lab_options(lab)]
         if missing:
-            raise UserError(f"{lab} has no {', '.join(missing)} option: drop it from the benchmark's command line")
+            raise UserError(
+                f"{lab} has no {', '.join(missing)} option: drop it from the "
+                "benchmark's command line"
+            )
 
 
 def result_name(workload: dict) -> str:
-    """cpu_shakespeare_fp32, cuda_gpt2_bf16, cuda_gpt2_bf16_compile...: a variant gets a file of its own."""
+    """cpu_shakespeare_fp32, cuda_gpt2_bf16, cuda_gpt2_bf16_compile...: a variant gets a
+    file of its own."""
     name = f"{workload['device']}_{workload['preset']}_{workload['dtype']}"
     return name + "_tf32" * workload["tf32"] + "_compile" * workload["compile"]
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
-        prog="python -m distlab.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m distlab.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--labs", type=int, nargs="+", default=list(LABS), choices=list(LABS), help="which labs (default: 1 2 3 4 5 6)"
+        "--labs",
+        type=int,
+        nargs="+",
+        default=list(LABS),
+        choices=list(LABS),
+        help="which labs (default: 1 2 3 4 5 6)",
     )
     parser.add_argument(
         "--ranks",
@@ -213,31 +270,78 @@ def main(argv: list[str] | None = None) -> dict:
         default=[1, 2, 4],
         help="rank counts to run labs 2-6 at; lab 1 always runs on 1 (default: 1 2 4)",
     )
-    parser.add_argument("--preset", default="shakespeare", help="model preset (default: shakespeare)")
-    parser.add_argument("--batch-size", type=int, default=16, help="global batch, sequences per step (default: 16)")
     parser.add_argument(
-        "--micro-batch-size", type=int, default=4, help="labs 3-6: a rank's sequences per forward (default: 4)"
+        "--preset", default="shakespeare", help="model preset (default: shakespeare)"
     )
-    parser.add_argument("--steps", type=int, default=12, help="steps per run; the first 2 are not timed (default: 12)")
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="(default: fp32)")
-    parser.add_argument("--eval-batches", type=int, default=4, help="batches in the final validation loss (default: 4)")
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
-    parser.add_argument("--compile", action="store_true", help="every lab with --compile (torch.compile)")
     parser.add_argument(
-        "--log-every", type=int, default=1, help="every lab logs (and syncs with the host) every K steps (default: 1)"
+        "--batch-size",
+        type=int,
+        default=16,
+        help="global batch, sequences per step (default: 16)",
     )
-    parser.add_argument("--tf32", action="store_true", help="every lab with --tf32: fp32 matmuls may use TF32 on GPUs")
-    parser.add_argument("--out", default="", help="result file (default: results/bench/<device>_<preset>_<dtype>.json)")
     parser.add_argument(
-        "--runs-dir", default="runs/bench", help="where the runs write their logs (default: runs/bench)"
+        "--micro-batch-size",
+        type=int,
+        default=4,
+        help="labs 3-6: a rank's sequences per forward (default: 4)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=12,
+        help="steps per run; the first 2 are not timed (default: 12)",
+    )
+    parser.add_argument(
+        "--dtype", default="fp32", choices=["fp32", "bf16"], help="(default: fp32)"
+    )
+    parser.add_argument(
+        "--eval-batches",
+        type=int,
+        default=4,
+        help="batches in the final validation loss (default: 4)",
+    )
+    parser.add_argument(
+        "--device", default="auto", help="auto, cpu or cuda (default: auto)"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="every lab with --compile (torch.compile)",
+    )
+    parser.add_argument(
+        "--log-every",
+        type=int,
+        default=1,
+        help="every lab logs (and syncs with the host) every K steps (default: 1)",
+    )
+    parser.add_argument(
+        "--tf32",
+        action="store_true",
+        help="every lab with --tf32: fp32 matmuls may use TF32 on GPUs",
+    )
+    parser.add_argument(
+        "--out",
+        default="",
+        help="result file (default: results/bench/<device>_<preset>_<dtype>.json)",
+    )
+    parser.add_argument(
+        "--runs-dir",
+        default="runs/bench",
+        help="where the runs write their logs (default: runs/bench)",
     )
     parser.add_argument(
         "--repeats",
         type=int,
         default=1,
-        help="runs of each lab and rank count, interleaved; the median by tokens/s is kept (default: 1)",
+        help="runs of each lab and rank count, interleaved; the median by tokens/s "
+        "is kept (default: 1)",
     )
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds per run before it is killed")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3600,
+        help="seconds per run before it is killed",
+    )
     args = parser.parse_args(argv)
     if args.steps < 3:
         parser.error("--steps must be at least 3 (the first two steps are not timed)")
@@ -252,7 +356,8 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{args.micro_batch_size} over {n} ranks"
             )
 
-    device = pick_device(args.device)  # "auto" resolved once: every lab runs on the same kind of device
+    # "auto" resolved once: every lab runs on the same kind of device
+    device = pick_device(args.device)
     check_gpus_for(args.ranks, device)  # before anything starts
     workload = {
         "preset": args.preset,
@@ -267,12 +372,17 @@ def main(argv: list[str] | None = None) -> dict:
         "log_every": args.log_every,
         "tf32": args.tf32,
     }
-    plan = [(LABS[lab], n) for n in sorted(set(args.ranks)) for lab in args.labs if lab != 1 or n == 1]
+    plan = [
+        (LABS[lab], n)
+        for n in sorted(set(args.ranks))
+        for lab in args.labs
+        if lab != 1 or n == 1
+    ]
     if 1 in args.labs and 1 not in args.ranks:
         plan.insert(0, (LABS[1], 1))
     check_options_exist(workload, {lab for lab, _ in plan})
-    # taken before the first run: the commit (and whether it was dirty) of the code that runs,
-    # even if files are edited while a long benchmark goes on
+    # taken before the first run: the commit (and whether it was dirty) of the code that
+    # runs, even if files are edited while a long benchmark goes on
     measured = provenance("distlab.bench", argv, device.type)
     runs_dir = Path(args.runs_dir)
     # round after round over the plan, not each run k times in a row: a slow spell of a
@@ -282,13 +392,30 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(args.repeats):
         for lab, n in plan:
             start = time.perf_counter()
-            print(f"[{len(sum(made.values(), [])) + 1}/{total}] {lab} on {n} rank(s) ...", end="", flush=True)
-            made.setdefault((lab, n), []).append(run_one(lab, n, workload, runs_dir, args.timeout))
-            print(f" {time.perf_counter() - start:4.0f} s  {describe(made[lab, n][-1])}", flush=True)
+            print(
+                f"[{len(sum(made.values(), [])) + 1}/{total}] {lab} on {n} rank(s) ...",
+                end="",
+                flush=True,
+            )
+            made.setdefault((lab, n), []).append(
+                run_one(lab, n, workload, runs_dir, args.timeout)
+            )
+            print(
+                f" {time.perf_counter() - start:4.0f} s  {describe(made[lab, n][-1])}",
+                flush=True,
+            )
     runs = [median_run(made[key]) for key in plan]
 
-    result = {"schema": SCHEMA, "provenance": finished(measured), "workload": workload, "runs": runs}
-    write_result(result, args.out or REPO_ROOT / "results" / "bench" / f"{result_name(workload)}.json")
+    result = {
+        "schema": SCHEMA,
+        "provenance": finished(measured),
+        "workload": workload,
+        "runs": runs,
+    }
+    write_result(
+        result,
+        args.out or REPO_ROOT / "results" / "bench" / f"{result_name(workload)}.json",
+    )
     print_targets(result)  # the project's goals, met or not
     return result
 

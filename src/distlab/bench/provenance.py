@@ -1,14 +1,14 @@
 """Where, when and how a measurement was made, written next to the measurement.
 
 Every benchmark in this repository writes its result through ``write_result``, with
-``provenance``: the machine and its CPU or GPU, the core count, the CPU's instruction sets that
-decide matmul speed (a CPU with ``avx512_bf16`` or ``amx_bf16`` multiplies bf16 natively; one
-without converts it and is far slower in bf16 than in fp32), torch, the commit (marked
-``+dirty`` when tracked files had changes), the date, the command that made it, and how busy
-the machine was (the load average: on a shared machine, other people's work slows a benchmark
-down). On CUDA it adds the GPUs (``gpu_provenance``): their names and count, the NVIDIA driver,
-and the CUDA and NCCL versions torch was built with. ``finished`` adds the end time and the load
-then.
+``provenance``: the machine and its CPU or GPU, the core count, the CPU's instruction
+sets that decide matmul speed (a CPU with ``avx512_bf16`` or ``amx_bf16`` multiplies
+bf16 natively; one without converts it and is far slower in bf16 than in fp32), torch,
+the commit (marked ``+dirty`` when tracked files had changes), the date, the command
+that made it, and how busy the machine was (the load average: on a shared machine, other
+people's work slows a benchmark down). On CUDA it adds the GPUs (``gpu_provenance``):
+their names and count, the NVIDIA driver, and the CUDA and NCCL versions torch was built
+with. ``finished`` adds the end time and the load then.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ def commit() -> str:
     """The commit measured; "+dirty" when tracked files had uncommitted changes."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
 
     try:
         dirty = git("status", "--porcelain", "--untracked-files=no")
@@ -49,8 +51,10 @@ def provenance(module: str, argv: list[str] | None, device: str = "auto") -> dic
     return {
         "machine": device_name(measured_on),
         "cpu_count": os.cpu_count(),
-        "cpu_flags": cpu_isa_flags(),  # from /proc/cpuinfo: which of distlab.flops.ISA_FLAGS it has
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the vector ISA torch's CPU kernels use
+        # from /proc/cpuinfo: which of distlab.flops.ISA_FLAGS it has
+        "cpu_flags": cpu_isa_flags(),
+        # the vector ISA torch's CPU kernels use
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "load_average": load_average(),
         "platform": platform.platform(),
         "torch": torch.__version__,
@@ -67,18 +71,23 @@ def gpu_provenance() -> dict:
 
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return {
-        "gpu_count": len(names),  # as this process sees them (CUDA_VISIBLE_DEVICES applies)
+        # as this process sees them (CUDA_VISIBLE_DEVICES applies)
+        "gpu_count": len(names),
         "gpu_names": names,
         "nvidia_driver": nvidia_driver(),
         "cuda": torch.version.cuda,  # the CUDA runtime torch was built with
         # the NCCL torch carries (a CUDA build without it, Windows', has none)
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version()))
+        if torch.distributed.is_nccl_available()
+        else None,
     }
 
 
 def nvidia_driver() -> str | None:
-    """The NVIDIA driver's version (550.54.15, say), from nvidia-smi; None where it cannot tell."""
-    if shutil.which("nvidia-smi") is None:  # torch has no call that returns the driver's version
+    """The NVIDIA driver's version (550.54.15, say), from nvidia-smi; None where it
+    cannot tell."""
+    # torch has no call that returns the driver's version
+    if shutil.which("nvidia-smi") is None:
         return None
     try:
         out = subprocess.run(
@@ -94,7 +103,8 @@ def nvidia_driver() -> str | None:
 
 
 def load_average() -> list[float] | None:
-    """The machine's 1, 5 and 15 minute load averages (runnable processes), where the OS has them."""
+    """The machine's 1, 5 and 15 minute load averages (runnable processes), where the OS
+    has them."""
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except (AttributeError, OSError):

@@ -1,12 +1,12 @@
-"""What the recorded benchmarks (``python -m distlab.bench``) say: the project's goals, and the GPU
-recordings beside the CPU one.
+"""What the recorded benchmarks (``python -m distlab.bench``) say: the project's goals,
+and the GPU recordings beside the CPU one.
 
-The harness's last lines and the Benchmarks chapter both read the goals through ``targets``,
-so a verdict in the book is computed one way only. ``gpu_section`` is what the chapter shows of
-the GPU recordings or, while there is none, says so and gives the command that makes one. The
-chapter's own tables and figures (scaling, loss agreement, memory) are in
-``distlab.chapters.benchmarks``, as are ``run`` and ``activations``, which read one run of a
-result for both.
+The harness's last lines and the Benchmarks chapter both read the goals through
+``targets``, so a verdict in the book is computed one way only. ``gpu_section`` is what
+the chapter shows of the GPU recordings or, while there is none, says so and gives the
+command that makes one. The chapter's own tables and figures (scaling, loss agreement,
+memory) are in ``distlab.chapters.benchmarks``, as are ``run`` and ``activations``,
+which read one run of a result for both.
 
     result = load_result("results/bench/cpu_shakespeare_fp32.json")
     targets(result)       # each goal of the project: measured value, met or not
@@ -47,14 +47,18 @@ _GOALS = [
         "tokens/s: lab 2 on 2 ranks / lab 1 on 1",
         0.90,
         ">=",
-        lambda R: R("lab2_ddp", 2)["tokens_per_s"] / R("lab1_single", 1)["tokens_per_s"],
+        lambda R: (
+            R("lab2_ddp", 2)["tokens_per_s"] / R("lab1_single", 1)["tokens_per_s"]
+        ),
     ),
     (
         "FSDP2 vs DDP",
         "tokens/s: lab 4 / lab 3 (same micro-batches), 2 ranks",
         0.90,
         ">=",
-        lambda R: R("lab4_fsdp2", 2)["tokens_per_s"] / R("lab3_grad_accum", 2)["tokens_per_s"],
+        lambda R: (
+            R("lab4_fsdp2", 2)["tokens_per_s"] / R("lab3_grad_accum", 2)["tokens_per_s"]
+        ),
     ),
     (
         "FSDP2 state",
@@ -78,13 +82,16 @@ _GOALS = [
         "activation bytes at the peak: lab 5 / lab 4, 2 ranks",
         0.20,
         "<=",
-        lambda R: activations(R("lab5_activation_ckpt", 2)) / activations(R("lab4_fsdp2", 2)),
+        lambda R: (
+            activations(R("lab5_activation_ckpt", 2)) / activations(R("lab4_fsdp2", 2))
+        ),
     ),
 ]
 
 
 def targets(result: dict) -> list[dict]:
-    """Each goal with its measured value; ``met`` is None where the runs it needs are missing."""
+    """Each goal with its measured value; ``met`` is None where the runs it needs are
+    missing."""
 
     def R(lab: str, n: int) -> dict:  # noqa: N802 - reads like the table
         found = run(result, lab, n)
@@ -94,7 +101,8 @@ def targets(result: dict) -> list[dict]:
 
     rows = []
     for name, compared, goal, direction, compute in _GOALS:
-        missing = "an MFU: it came out above 1 and was not recorded"  # the one figure a run may leave None
+        # the one figure a run may leave None
+        missing = "an MFU: it came out above 1 and was not recorded"
         try:
             value = compute(R)
         except LookupError as err:
@@ -113,7 +121,13 @@ def targets(result: dict) -> list[dict]:
             continue
         met = value >= goal if direction == ">=" else value <= goal
         rows.append(
-            {"goal": name, "compared": compared, "target": f"{direction} {goal}", "measured": value, "met": met}
+            {
+                "goal": name,
+                "compared": compared,
+                "target": f"{direction} {goal}",
+                "measured": value,
+                "met": met,
+            }
         )
     return rows
 
@@ -122,14 +136,21 @@ def print_targets(result: dict) -> None:
     print("\ngoal                  target   measured")
     for row in targets(result):
         if row["met"] is None:
-            print(f"{row['goal']:21} {row['target']:>8}   not measured (no {row['missing']})")
+            print(
+                f"{row['goal']:21} {row['target']:>8}   not measured (no "
+                f"{row['missing']})"
+            )
         else:
-            print(f"{row['goal']:21} {row['target']:>8}   {row['measured']:.3f}  {'met' if row['met'] else 'MISSED'}")
+            print(
+                f"{row['goal']:21} {row['target']:>8}   {row['measured']:.3f}  "
+                f"{'met' if row['met'] else 'MISSED'}"
+            )
 
 
-# What makes a GPU recording: GPT-2 small's shape in bf16, 16 sequences of 1,024 tokens per GPU and
-# step (the labs' suggestion for GPUs; unmeasured here), the host synced every 10 steps. On more GPUs:
-# their count in --ranks, a --batch-size that grows with it; and once more with --compile (its own file).
+# What makes a GPU recording: GPT-2 small's shape in bf16, 16 sequences of 1,024 tokens
+# per GPU and step (the labs' suggestion for GPUs; unmeasured here), the host synced
+# every 10 steps. On more GPUs: their count in --ranks, a --batch-size that grows with
+# it; and once more with --compile (its own file).
 GPU_COMMAND = (
     "python -m distlab.bench --device cuda --preset gpt2 --dtype bf16 --batch-size 16 "
     "--micro-batch-size 16 --log-every 10 --steps 30 --repeats 3 --ranks 1"
@@ -141,7 +162,8 @@ def _fmt(x: float | None) -> str:
 
 
 def recordings_table(results: dict[str, dict]) -> list[dict]:
-    """Every recorded result side by side, CPU and GPU: where, which workload, and lab 1's figures."""
+    """Every recorded result side by side, CPU and GPU: where, which workload, and lab
+    1's figures."""
     rows = []
     for name, r in results.items():
         p, w, lab1 = r["provenance"], r["workload"], run(r, "lab1_single", 1) or {}
@@ -149,13 +171,18 @@ def recordings_table(results: dict[str, dict]) -> list[dict]:
         rows.append(
             {
                 "recording": name,
-                "measured on": on_gpus if w["device"] == "cuda" else f"{p['machine']}, {p['cpu_count']} cores",
+                "measured on": on_gpus
+                if w["device"] == "cuda"
+                else f"{p['machine']}, {p['cpu_count']} cores",
                 "workload": f"{w['preset']}, {w['dtype']}, batch {w['global_batch']}"
                 + (", compiled" if w.get("compile") else ""),
-                "ranks": ", ".join(map(str, sorted({x["world_size"] for x in r["runs"]}))),
+                "ranks": ", ".join(
+                    map(str, sorted({x["world_size"] for x in r["runs"]}))
+                ),
                 "lab 1 tokens/s": f"{lab1['tokens_per_s']:,.0f}" if lab1 else "-",
                 "lab 1 MFU, measured peak": _fmt(lab1.get("mfu")),
-                "lab 1 MFU, datasheet peak": _fmt(lab1.get("mfu_of_datasheet_peak")),  # GPUs in DATASHEET_PEAKS only
+                # GPUs in DATASHEET_PEAKS only
+                "lab 1 MFU, datasheet peak": _fmt(lab1.get("mfu_of_datasheet_peak")),
                 "date": p["date"][:10],
             }
         )
@@ -163,8 +190,8 @@ def recordings_table(results: dict[str, dict]) -> list[dict]:
 
 
 def gpu_runs_table(result: dict) -> list[dict]:
-    """One row per run of a GPU recording: speed, MFU of both peaks, rank 0's peak CUDA memory, and
-    how far its losses were from lab 1's."""
+    """One row per run of a GPU recording: speed, MFU of both peaks, rank 0's peak CUDA
+    memory, and how far its losses were from lab 1's."""
     agreement, rows = loss_agreement(result), []
     for r in result["runs"]:
         ok = "error" not in r
@@ -173,16 +200,23 @@ def gpu_runs_table(result: dict) -> list[dict]:
             {
                 "lab": LAB_NAMES[r["lab"]],
                 "ranks": str(r["world_size"]),
-                "tokens/s": f"{r['tokens_per_s']:,.0f}" if ok else "failed: " + r["error"],
+                "tokens/s": f"{r['tokens_per_s']:,.0f}"
+                if ok
+                else "failed: " + r["error"],
                 "MFU, measured peak": _fmt(r["mfu"]) if ok else "-",
-                "MFU, datasheet peak": _fmt(r.get("mfu_of_datasheet_peak")) if ok else "-",
+                "MFU, datasheet peak": _fmt(r.get("mfu_of_datasheet_peak"))
+                if ok
+                else "-",
                 "CUDA peak MB, allocated / reserved": (
-                    f"{r['cuda_max_memory_allocated'] / MB:,.0f} / {r['cuda_max_memory_reserved'] / MB:,.0f}"
+                    f"{r['cuda_max_memory_allocated'] / MB:,.0f} / "
+                    f"{r['cuda_max_memory_reserved'] / MB:,.0f}"
                     if cuda
                     else "-"
                 ),
                 "loss, largest rel. difference from lab 1": (
-                    f"{agreement[r['lab'], r['world_size']]:.1e}" if (r["lab"], r["world_size"]) in agreement else "-"
+                    f"{agreement[r['lab'], r['world_size']]:.1e}"
+                    if (r["lab"], r["world_size"]) in agreement
+                    else "-"
                 ),
             }
         )
@@ -190,20 +224,25 @@ def gpu_runs_table(result: dict) -> list[dict]:
 
 
 def gpu_section(results: dict[str, dict]) -> list:
-    """What the page's GPU section shows, in order (a str is printed, a list of rows is a table): the
-    recordings side by side and each GPU recording's runs; with none, that plainly, and the command."""
+    """What the page's GPU section shows, in order (a str is printed, a list of rows is
+    a table): the recordings side by side and each GPU recording's runs; with none, that
+    plainly, and the command."""
     gpu = {name: r for name, r in results.items() if r["workload"]["device"] == "cuda"}
     if not gpu:
         return [
-            "No GPU recording has been made yet: every figure on this page was measured on the CPU machine "
-            f"above. On a machine with CUDA GPUs, this makes one (results/bench/cuda_gpt2_bf16.json):\n  {GPU_COMMAND}"
+            "No GPU recording has been made yet: every figure on this page was "
+            "measured on the CPU machine "
+            "above. On a machine with CUDA GPUs, this makes one "
+            f"(results/bench/cuda_gpt2_bf16.json):\n  {GPU_COMMAND}"
         ]
     shown: list = [recordings_table(results)]
     for name, r in gpu.items():
         p = r["provenance"]
         shown.append(
-            f"{name}: {p.get('gpu_count')} x {p['machine']}, NVIDIA driver {p.get('nvidia_driver')}, "
-            f"CUDA {p.get('cuda')}, NCCL {p.get('nccl')}, torch {p['torch']}, commit {p['commit']}, {p['date']}\n"
+            f"{name}: {p.get('gpu_count')} x {p['machine']}, NVIDIA driver "
+            f"{p.get('nvidia_driver')}, "
+            f"CUDA {p.get('cuda')}, NCCL {p.get('nccl')}, torch {p['torch']}, "
+            f"commit {p['commit']}, {p['date']}\n"
             f"  {p['command']}"
         )
         shown.append(gpu_runs_table(r))

@@ -1,14 +1,19 @@
-"""Activation checkpointing past the defaults: a counting policy, offload to the host, the
-compiler's memory budget; bytes kept and work recomputed, measured.
+"""Activation checkpointing past the defaults: a counting policy, offload to the host,
+the compiler's memory budget; bytes kept and work recomputed, measured.
 
-* ``every_other_matmul_context``: torchtitan's op-level selective policy (save every other
+* ``every_other_matmul_context``: torchtitan's op-level selective policy (save every
+  other
   matrix product and every attention output), written for this book's model;
-* ``BackwardWork``: a dispatch mode that counts the operators run during backward and the
+* ``BackwardWork``: a dispatch mode that counts the operators run during backward and
+  the
   FLOPs of the matrix products and attention kernels among them: what a policy makes the
   backward pass recompute;
-* ``policy_costs``: bytes kept (``MemTracker``), work recomputed and gradients, per policy;
-* ``offload_traffic``: what ``save_on_cpu`` and ``tools.offload.HostOffload`` pack and copy;
-* ``budget_sweep``: ``torch._functorch.config.activation_memory_budget`` on one compiled block.
+* ``policy_costs``: bytes kept (``MemTracker``), work recomputed and gradients, per
+  policy;
+* ``offload_traffic``: what ``save_on_cpu`` and ``tools.offload.HostOffload`` pack and
+  copy;
+* ``budget_sweep``: ``torch._functorch.config.activation_memory_budget`` on one compiled
+  block.
 """
 
 from __future__ import annotations
@@ -17,9 +22,14 @@ import collections
 
 import torch
 import torch.nn as nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    checkpoint_wrapper,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    create_selective_checkpoint_contexts,
+)
 
 from distlab.chapters.activation_checkpointing import activation_memory, build
 from distlab.model import GPT, preset
@@ -28,19 +38,22 @@ from distlab.tools.offload import HostOffload, PackMeter
 
 aten = torch.ops.aten
 MATMULS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default})
-ATTENTION = frozenset(SAVE_MATMULS_AND_ATTENTION) - MATMULS  # the attention kernels this torch has
+# the attention kernels this torch has
+ATTENTION = frozenset(SAVE_MATMULS_AND_ATTENTION) - MATMULS
 
 
 # --- begin every other matmul ---
 def every_other_matmul_context():
-    """``context_fn`` for ``checkpoint_wrapper``: keep every attention output and the 1st, 3rd,
+    """``context_fn`` for ``checkpoint_wrapper``: keep every attention output and the
+    1st, 3rd,
     ... matrix product of each checkpointed call; recompute everything else.
 
     The count must start again at each call, so the counter is made here, in the
-    ``context_fn`` that checkpoint calls once per forward of a wrapped block (as torchtitan
-    does). A policy built once and shared would carry the count from block to block.
-    The count is kept per ``ctx.is_recompute``: torch 2.13 asks the policy only during forward,
-    earlier releases asked again during recomputation and needed the same answers.
+    ``context_fn`` that checkpoint calls once per forward of a wrapped block (as
+    torchtitan does). A policy built once and shared would carry the count from block to
+    block. The count is kept per ``ctx.is_recompute``: torch 2.13 asks the policy only
+    during forward, earlier releases asked again during recomputation and needed the
+    same answers.
     """
     matmuls_seen = collections.Counter()
 
@@ -60,21 +73,31 @@ def every_other_matmul_context():
 
 
 def offload_matmuls_policy(ctx, op, *args, **kwargs):
-    """Marks matmul and attention outputs ``MUST_CPU_OFFLOAD``: documented as "saved, offloaded
-    to CPU", but torch 2.13's eager caching mode stores only ``MUST_SAVE``/``PREFER_SAVE``
-    outputs (``_CachingTorchDispatchMode``), so these are recomputed like any other."""
+    """Marks matmul and attention outputs ``MUST_CPU_OFFLOAD``: documented as "saved,
+    offloaded to CPU", but torch 2.13's eager caching mode stores only
+    ``MUST_SAVE``/``PREFER_SAVE`` outputs (``_CachingTorchDispatchMode``), so these are
+    recomputed like any other."""
     if op in MATMULS or op in ATTENTION:
         return CheckpointPolicy.MUST_CPU_OFFLOAD
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-POLICIES = ("none", "full", "save all matmuls", "every other matmul", "offload matmuls (MUST_CPU_OFFLOAD)")
+POLICIES = (
+    "none",
+    "full",
+    "save all matmuls",
+    "every other matmul",
+    "offload matmuls (MUST_CPU_OFFLOAD)",
+)
 
 
 def checkpointed(preset_name: str, policy: str, seed: int = 0) -> GPT:
-    """A GPT of ``preset_name`` whose blocks are checkpointed under ``policy`` (one of ``POLICIES``)."""
+    """A GPT of ``preset_name`` whose blocks are checkpointed under ``policy`` (one of
+    ``POLICIES``)."""
     if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        raise ValueError(
+            f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}"
+        )
     if policy in ("none", "full"):
         return build(preset_name, policy, seed=seed)
     if policy == "save all matmuls":
@@ -83,14 +106,16 @@ def checkpointed(preset_name: str, policy: str, seed: int = 0) -> GPT:
         return build(preset_name, "selective", policy=offload_matmuls_policy, seed=seed)
     model = build(preset_name, seed=seed)
     for i, block in enumerate(model.blocks):
-        model.blocks[i] = checkpoint_wrapper(block, context_fn=every_other_matmul_context)
+        model.blocks[i] = checkpoint_wrapper(
+            block, context_fn=every_other_matmul_context
+        )
     return model
 
 
 def forward_flops(op, args) -> int:
-    """FLOPs of one matrix product or one attention forward kernel (2 per multiply-add; attention
-    as two (T x hs) by (hs x T) products per head, the causal mask ignored, as PyTorch's
-    ``flop_counter.sdpa_flop`` counts it); 0 for any other operator."""
+    """FLOPs of one matrix product or one attention forward kernel (2 per multiply-add;
+    attention as two (T x hs) by (hs x T) products per head, the causal mask ignored, as
+    PyTorch's ``flop_counter.sdpa_flop`` counts it); 0 for any other operator."""
     if op in (aten.mm.default, aten.addmm.default):
         a, b = (args[0], args[1]) if op == aten.mm.default else (args[1], args[2])
         return 2 * a.shape[0] * a.shape[1] * b.shape[1]
@@ -104,14 +129,16 @@ def forward_flops(op, args) -> int:
 
 
 class BackwardWork(TorchDispatchMode):
-    """Counts every aten operator it sees, and the FLOPs of the matrix products and attention
-    forward kernels among them (``forward_flops``; backward kernels other than ``mm`` add 0).
+    """Counts every aten operator it sees, and the FLOPs of the matrix products and
+    attention forward kernels among them (``forward_flops``; backward kernels other than
+    ``mm`` add 0).
 
     Entered around ``loss.backward()`` it sees the backward kernels and any forward
-    operators that checkpointing reruns; selective checkpointing's cached outputs are returned
-    by its own dispatch mode, above this one, so they are never counted. (PyTorch's
-    ``FlopCounterMode`` would do for the FLOPs, but it has no formula for the CPU attention
-    kernel, ``_scaled_dot_product_flash_attention_for_cpu``: ``torch/utils/flop_counter.py``.)
+    operators that checkpointing reruns; selective checkpointing's cached outputs are
+    returned by its own dispatch mode, above this one, so they are never counted.
+    (PyTorch's ``FlopCounterMode`` would do for the FLOPs, but it has no formula for the
+    CPU attention kernel, ``_scaled_dot_product_flash_attention_for_cpu``:
+    ``torch/utils/flop_counter.py``.)
     """
 
     def __init__(self):
@@ -125,7 +152,9 @@ class BackwardWork(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _work(model: nn.Module, idx, targets) -> tuple[BackwardWork, BackwardWork, list[torch.Tensor]]:
+def _work(
+    model: nn.Module, idx, targets
+) -> tuple[BackwardWork, BackwardWork, list[torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     with BackwardWork() as forward:
         loss = model(idx, targets)[1]
@@ -135,17 +164,26 @@ def _work(model: nn.Module, idx, targets) -> tuple[BackwardWork, BackwardWork, l
 
 
 def _recomputed(backward: BackwardWork, baseline: BackwardWork) -> dict[str, int]:
-    """Operators run more often in this backward than in the baseline's: the recomputation."""
-    return {op: n - baseline.ops[op] for op, n in backward.ops.items() if n > baseline.ops[op]}
+    """Operators run more often in this backward than in the baseline's: the
+    recomputation."""
+    return {
+        op: n - baseline.ops[op]
+        for op, n in backward.ops.items()
+        if n > baseline.ops[op]
+    }
 
 
-def policy_costs(preset_name: str = "tiny", batch: int = 8, seed: int = 0) -> list[dict]:
-    """Per policy: bytes kept after forward and the peak (``MemTracker``), matmul FLOPs and
-    operators recomputed in backward (against no checkpointing), and the largest gradient
-    difference from no checkpointing."""
+def policy_costs(
+    preset_name: str = "tiny", batch: int = 8, seed: int = 0
+) -> list[dict]:
+    """Per policy: bytes kept after forward and the peak (``MemTracker``), matmul FLOPs
+    and operators recomputed in backward (against no checkpointing), and the largest
+    gradient difference from no checkpointing."""
     cfg = preset(preset_name)
     gen = torch.Generator().manual_seed(seed)
-    idx, targets = torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size), generator=gen)
+    idx, targets = torch.randint(
+        0, cfg.vocab_size, (2, batch, cfg.block_size), generator=gen
+    )
     forward, baseline, reference = _work(build(preset_name), idx, targets)
     rows = []
     for policy in POLICIES:
@@ -161,28 +199,39 @@ def policy_costs(preset_name: str = "tiny", batch: int = 8, seed: int = 0) -> li
                 "recomputed_flops": backward.flops - baseline.flops,
                 "forward_flops": forward.flops,
                 "recomputed_ops": recomputed,
-                "grad_max_abs_diff": max((g - r).abs().max().item() for g, r in zip(grads, reference)),
+                "grad_max_abs_diff": max(
+                    (g - r).abs().max().item() for g, r in zip(grads, reference)
+                ),
             }
         )
     return rows
 
 
-def offload_traffic(preset_name: str = "tiny", batch: int = 8, seed: int = 0) -> tuple[list[dict], int]:
-    """One forward and backward under ``save_on_cpu`` (pinned and not) and under ``HostOffload``:
-    pack calls, bytes packed and copied, parameter bytes among them, and the gradient difference
-    from no hooks; and the bytes of the distinct activation storages saved (one copy of each).
-    On this CPU the "host" is the same memory: the bytes are what a GPU would move."""
+def offload_traffic(
+    preset_name: str = "tiny", batch: int = 8, seed: int = 0
+) -> tuple[list[dict], int]:
+    """One forward and backward under ``save_on_cpu`` (pinned and not) and under
+    ``HostOffload``: pack calls, bytes packed and copied, parameter bytes among them,
+    and the gradient difference from no hooks; and the bytes of the distinct activation
+    storages saved (one copy of each). On this CPU the "host" is the same memory: the
+    bytes are what a GPU would move."""
     from torch.autograd.graph import save_on_cpu
 
     from distlab.memory import saved_activation_bytes
 
     cfg = preset(preset_name)
     gen = torch.Generator().manual_seed(seed)
-    idx, targets = torch.randint(0, cfg.vocab_size, (2, batch, cfg.block_size), generator=gen)
+    idx, targets = torch.randint(
+        0, cfg.vocab_size, (2, batch, cfg.block_size), generator=gen
+    )
     _, _, reference = _work(build(preset_name), idx, targets)
     distinct = saved_activation_bytes(build(preset_name), idx, targets)
     rows = []
-    for name in ("save_on_cpu()", "save_on_cpu(pin_memory=True)", "HostOffload(keep=parameters)"):
+    for name in (
+        "save_on_cpu()",
+        "save_on_cpu(pin_memory=True)",
+        "HostOffload(keep=parameters)",
+    ):
         model = build(preset_name)
         params = list(model.parameters())
         if name.startswith("HostOffload"):
@@ -194,7 +243,9 @@ def offload_traffic(preset_name: str = "tiny", batch: int = 8, seed: int = 0) ->
         with meter:
             loss = model(idx, targets)[1]
         loss.backward()
-        copied = hooks.bytes_moved if isinstance(hooks, HostOffload) else meter.bytes_copied
+        copied = (
+            hooks.bytes_moved if isinstance(hooks, HostOffload) else meter.bytes_copied
+        )
         diff = max((p.grad - r).abs().max().item() for p, r in zip(params, reference))
         rows.append(
             {
@@ -209,15 +260,22 @@ def offload_traffic(preset_name: str = "tiny", batch: int = 8, seed: int = 0) ->
     return rows, distinct
 
 
-def budget_sweep(budgets=(1.0, 0.5, 0.1, 0.0), preset_name: str = "tiny", batch: int = 8, backend: str = "aot_eager"):
-    """One block compiled at each ``activation_memory_budget``: bytes the compiled forward saves
-    for backward (parameters left out), matmul FLOPs and attention calls the compiled backward
-    recomputes (against the eager block without checkpointing), and the gradient difference.
+def budget_sweep(
+    budgets=(1.0, 0.5, 0.1, 0.0),
+    preset_name: str = "tiny",
+    batch: int = 8,
+    backend: str = "aot_eager",
+):
+    """One block compiled at each ``activation_memory_budget``: bytes the compiled
+    forward saves for backward (parameters left out), matmul FLOPs and attention calls
+    the compiled backward recomputes (against the eager block without checkpointing),
+    and the gradient difference.
 
-    The budget is read by the min-cut partitioner when the block is compiled (``torch.compile``
-    compiles at the first call), so each budget gets a fresh compile under ``config.patch``.
-    ``knapsack_budgets``: the budgets the partitioner solved a knapsack for while compiling
-    (``_optimize_runtime_with_given_memory``, private; none when a cheaper min-cut fit).
+    The budget is read by the min-cut partitioner when the block is compiled
+    (``torch.compile`` compiles at the first call), so each budget gets a fresh compile
+    under ``config.patch``. ``knapsack_budgets``: the budgets the partitioner solved a
+    knapsack for while compiling (``_optimize_runtime_with_given_memory``, private; none
+    when a cheaper min-cut fit).
     """
     from unittest import mock
 
@@ -226,7 +284,9 @@ def budget_sweep(budgets=(1.0, 0.5, 0.1, 0.0), preset_name: str = "tiny", batch:
     import torch._functorch.partitioners as partitioners
 
     cfg = preset(preset_name)
-    x0 = torch.randn(batch, cfg.block_size, cfg.n_embd, generator=torch.Generator().manual_seed(0))
+    x0 = torch.randn(
+        batch, cfg.block_size, cfg.n_embd, generator=torch.Generator().manual_seed(0)
+    )
 
     def run(block_fn, block):
         x = x0.clone().requires_grad_()
@@ -242,21 +302,41 @@ def budget_sweep(budgets=(1.0, 0.5, 0.1, 0.0), preset_name: str = "tiny", batch:
             y = block_fn(x)
         with BackwardWork() as backward:
             y.pow(2).sum().backward()
-        return sum(saved.values()), len(saved), backward, [p.grad.clone() for p in [x, *block.parameters()]]
+        return (
+            sum(saved.values()),
+            len(saved),
+            backward,
+            [p.grad.clone() for p in [x, *block.parameters()]],
+        )
 
     eager = GPT(cfg).blocks[0]
     eager_bytes, eager_count, baseline, reference = run(eager, eager)
-    rows = [{"budget": "eager, no checkpointing", "saved": eager_bytes, "saved_storages": eager_count,
-             "recomputed_flops": 0, "recomputed_ops": {}, "grad_max_abs_diff": 0.0}]  # fmt: skip
+    rows = [
+        {
+            "budget": "eager, no checkpointing",
+            "saved": eager_bytes,
+            "saved_storages": eager_count,
+            "recomputed_flops": 0,
+            "recomputed_ops": {},
+            "grad_max_abs_diff": 0.0,
+        }
+    ]
     for budget in budgets:
-        torch._dynamo.reset()  # the budget is applied at compile time: recompile for each
+        # the budget is applied at compile time: recompile for each
+        torch._dynamo.reset()
         block = GPT(cfg).blocks[0]
         knapsack = mock.patch.object(
-            partitioners, "_optimize_runtime_with_given_memory", wraps=partitioners._optimize_runtime_with_given_memory
+            partitioners,
+            "_optimize_runtime_with_given_memory",
+            wraps=partitioners._optimize_runtime_with_given_memory,
         )
-        with functorch_config.patch(activation_memory_budget=budget), knapsack as solved:
+        with (
+            functorch_config.patch(activation_memory_budget=budget),
+            knapsack as solved,
+        ):
             compiled = torch.compile(block, backend=backend)
-            run(compiled, block)  # first call compiles; its numbers include no recompilation
+            # first call compiles; its numbers include no recompilation
+            run(compiled, block)
             block.zero_grad(set_to_none=True)
             saved, count, backward, grads = run(compiled, block)
         rows.append(
@@ -266,8 +346,12 @@ def budget_sweep(budgets=(1.0, 0.5, 0.1, 0.0), preset_name: str = "tiny", batch:
                 "saved_storages": count,
                 "recomputed_flops": backward.flops - baseline.flops,
                 "recomputed_ops": _recomputed(backward, baseline),
-                "grad_max_abs_diff": max((g - r).abs().max().item() for g, r in zip(grads, reference)),
-                "knapsack_budgets": sorted({call.args[3] for call in solved.call_args_list}),
+                "grad_max_abs_diff": max(
+                    (g - r).abs().max().item() for g, r in zip(grads, reference)
+                ),
+                "knapsack_budgets": sorted(
+                    {call.args[3] for call in solved.call_args_list}
+                ),
             }
         )
     torch._dynamo.reset()

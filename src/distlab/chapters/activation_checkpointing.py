@@ -1,11 +1,14 @@
-"""Activation checkpointing, measured: what a block saves, what each policy keeps, what it costs.
+"""Activation checkpointing, measured: what a block saves, what each policy keeps, what
+it costs.
 
-The checkpointing itself lives in ``parallel.apply_activation_checkpointing`` (the labs use
-it); this module holds the from-scratch version the chapter starts from and the tools that
+The checkpointing itself lives in ``parallel.apply_activation_checkpointing`` (the labs
+use it); this module holds the from-scratch version the chapter starts from and the
+tools that
 check and measure it:
 
 * ``CheckpointedBlock``: ``torch.utils.checkpoint`` around one block, by hand;
-* ``forward_ops``: the aten operators a forward pass dispatches (what a policy is shown);
+* ``forward_ops``: the aten operators a forward pass dispatches (what a policy is
+  shown);
 * ``recording``: a policy wrapper that counts what the policy decided, and
   ``check_policy_saves``, which fails loudly when a selective policy saves nothing;
 * ``activation_memory``: bytes kept for backward, by saved-tensor hooks and by PyTorch's
@@ -32,7 +35,8 @@ from distlab.runtime import dist_env, pick_device, rank_world
 
 
 class CheckpointedBlock(nn.Module):
-    """Runs ``block`` under non-reentrant activation checkpointing: only its input is kept."""
+    """Runs ``block`` under non-reentrant activation checkpointing: only its input is
+    kept."""
 
     def __init__(self, block: nn.Module):
         super().__init__()
@@ -43,7 +47,8 @@ class CheckpointedBlock(nn.Module):
 
 
 def checkpoint_blocks(model: nn.Module) -> nn.Module:
-    """Wrap every block of a GPT in ``CheckpointedBlock``, in place (model.py stays untouched)."""
+    """Wrap every block of a GPT in ``CheckpointedBlock``, in place (model.py stays
+    untouched)."""
     for i, block in enumerate(model.blocks):
         model.blocks[i] = CheckpointedBlock(block)
     return model
@@ -60,17 +65,17 @@ class _OpRecorder(TorchDispatchMode):
 
 
 def forward_ops(module: nn.Module, *inputs) -> list[str]:
-    """Names of the aten operators ``module(*inputs)`` dispatches, in order: the level at which a
-    selective-checkpointing policy sees the computation (composite ops such as ``aten.linear``
-    are already decomposed here, into ``t`` and ``addmm``)."""
+    """Names of the aten operators ``module(*inputs)`` dispatches, in order: the level
+    at which a selective-checkpointing policy sees the computation (composite ops such
+    as ``aten.linear`` are already decomposed here, into ``t`` and ``addmm``)."""
     with _OpRecorder() as recorder:
         module(*inputs)
     return recorder.ops
 
 
 def saved_tensors(module: nn.Module, *inputs) -> list[tuple[tuple[int, ...], int]]:
-    """(shape, bytes) of each distinct storage ``module(*inputs)`` saves for backward, in the
-    order autograd saves them; parameters (model state) are left out."""
+    """(shape, bytes) of each distinct storage ``module(*inputs)`` saves for backward,
+    in the order autograd saves them; parameters (model state) are left out."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, tuple[tuple[int, ...], int]] = {}
 
@@ -86,7 +91,8 @@ def saved_tensors(module: nn.Module, *inputs) -> list[tuple[tuple[int, ...], int
 
 
 def recording(policy: Callable) -> tuple[Callable, collections.Counter]:
-    """``policy``, plus a counter of its forward-pass decisions: ``{(op, decision): count}``."""
+    """``policy``, plus a counter of its forward-pass decisions: ``{(op, decision):
+    count}``."""
     counts: collections.Counter = collections.Counter()
 
     def recorded(ctx, op, *args, **kwargs):
@@ -98,49 +104,60 @@ def recording(policy: Callable) -> tuple[Callable, collections.Counter]:
     return recorded, counts
 
 
-def check_policy_saves(policy: Callable, preset_name: str = "tiny") -> collections.Counter:
-    """Run one forward of a selectively checkpointed GPT and return ``{op: times saved}``.
+def check_policy_saves(
+    policy: Callable, preset_name: str = "tiny"
+) -> collections.Counter:
+    """Run one forward of a selectively checkpointed GPT and return ``{op: times
+    saved}``.
 
-    Raises if the policy saved nothing: a policy that names ops the model never dispatches
-    (``aten.mm`` packets instead of ``aten.mm.default`` overloads, composite ops such as
-    ``aten.linear``, or ``mm`` on a model whose Linears have biases and run ``addmm``)
-    silently turns selective checkpointing into full checkpointing.
+    Raises if the policy saved nothing: a policy that names ops the model never
+    dispatches (``aten.mm`` packets instead of ``aten.mm.default`` overloads, composite
+    ops such as ``aten.linear``, or ``mm`` on a model whose Linears have biases and run
+    ``addmm``) silently turns selective checkpointing into full checkpointing.
     """
     recorded, counts = recording(policy)
     cfg = preset(preset_name)
     model = apply_activation_checkpointing(GPT(cfg), "selective", policy=recorded)
     idx = torch.zeros(1, cfg.block_size, dtype=torch.long)
     model(idx, idx)
-    saved = collections.Counter({op: n for (op, decision), n in counts.items() if decision == "MUST_SAVE"})
+    saved = collections.Counter(
+        {op: n for (op, decision), n in counts.items() if decision == "MUST_SAVE"}
+    )
     if not saved:
         seen = sorted({op for op, _ in counts})
         raise ValueError(
-            f"the selective policy saved no operator's output, so it recomputes everything "
+            "the selective policy saved no operator's output, so it recomputes "
+            "everything "
             f"(full checkpointing). The blocks ran: {', '.join(seen)}"
         )
     return saved
 
 
-def activation_memory(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> dict[str, int]:
+def activation_memory(
+    model: nn.Module, idx: torch.Tensor, targets: torch.Tensor
+) -> dict[str, int]:
     """Activation bytes of one forward and backward pass, two ways.
 
-    ``hooks``: storages packed by ``saved_tensors_hooks`` (``memory.saved_activation_bytes``).
-    It cannot see what selective checkpointing caches, which bypasses autograd's saving.
-    ``saved``: bytes PyTorch's ``MemTracker`` counts as activations right after the forward
-    pass (the logits dropped): everything kept for backward, whatever kept it.
-    ``peak``: the tracker's peak of activations plus temporaries during forward and backward,
-    recomputed blocks included.
+    ``hooks``: storages packed by ``saved_tensors_hooks``
+    (``memory.saved_activation_bytes``). It cannot see what selective checkpointing
+    caches, which bypasses autograd's saving. ``saved``: bytes PyTorch's ``MemTracker``
+    counts as activations right after the forward pass (the logits dropped): everything
+    kept for backward, whatever kept it. ``peak``: the tracker's peak of activations
+    plus temporaries during forward and backward, recomputed blocks included.
     """
     from torch.distributed._tools.mem_tracker import MemTracker
 
     hooks = saved_activation_bytes(model, idx, targets)
-    device = next(model.parameters()).device  # the model's bytes: on a GPU the tracker counts CPU ones apart
+    # the model's bytes: on a GPU the tracker counts CPU ones apart
+    device = next(model.parameters()).device
     kinds = lambda snapshot: {str(k).rsplit(".", 1)[-1]: v for k, v in snapshot.items()}  # noqa: E731
     tracker = MemTracker()
     tracker.track_external(model)
     with tracker:
         logits, loss = model(idx, targets)
-        del logits  # the caller's output, not something autograd keeps (cross-entropy saved its own)
+        # the caller's output, not something autograd keeps (cross-entropy saved its
+        # own)
+        del logits
         now = kinds(tracker_snapshot(tracker, "current", device))
         loss.backward()
     top = kinds(tracker_snapshot(tracker, "peak", device))
@@ -148,18 +165,30 @@ def activation_memory(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor
     return {"hooks": hooks, "saved": now["ACT"], "peak": top["ACT"] + top["TEMP"]}
 
 
-def build(preset_name: str, mode: str = "none", every: int = 1, policy: Callable | None = None, seed: int = 0) -> GPT:
-    """A GPT of ``preset_name`` with activation checkpointing applied (same weights for a seed)."""
-    return apply_activation_checkpointing(GPT(preset(preset_name), seed=seed), mode, every, policy)
+def build(
+    preset_name: str,
+    mode: str = "none",
+    every: int = 1,
+    policy: Callable | None = None,
+    seed: int = 0,
+) -> GPT:
+    """A GPT of ``preset_name`` with activation checkpointing applied (same weights for
+    a seed)."""
+    return apply_activation_checkpointing(
+        GPT(preset(preset_name), seed=seed), mode, every, policy
+    )
 
 
-def gradients(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
+def gradients(
+    model: nn.Module, idx: torch.Tensor, targets: torch.Tensor
+) -> list[torch.Tensor]:
     model.zero_grad(set_to_none=True)
     model(idx, targets)[1].backward()
     return [p.grad.clone() for p in model.parameters()]
 
 
-# (wrapping order, checkpoint implementation, mode): the combinations with FSDP2 compared
+# (wrapping order, checkpoint implementation, mode): the combinations with FSDP2
+# compared
 FSDP2_ORDERS = [
     ("checkpoint, then shard", "non-reentrant", "full"),
     ("checkpoint, then shard", "non-reentrant", "selective"),
@@ -170,33 +199,47 @@ FSDP2_ORDERS = [
 
 
 def fsdp2_orders(preset_name: str = "tiny", global_batch: int = 8) -> list[dict]:
-    """Run on every rank (``run_ranks``): one forward and backward under FSDP2 for each of
-    ``FSDP2_ORDERS``. Per combination: the largest difference between the reassembled
+    """Run on every rank (``run_ranks``): one forward and backward under FSDP2 for each
+    of ``FSDP2_ORDERS``. Per combination: the largest difference between the reassembled
     gradients and one process's without checkpointing, and, from the profiler, how often
-    FSDP2's pre-forward hook ran per block and how many all-gathers ran (c10d's own op name,
-    the same on gloo and NCCL)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    FSDP2's pre-forward hook ran per block and how many all-gathers ran (c10d's own op
+    name, the same on gloo and NCCL)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
     from torch.profiler import ProfilerActivity, profile
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     from distlab.parallel import apply_fsdp
 
     rank, world = rank_world()
-    device = pick_device("auto", dist_env()[1])  # NCCL ranks need their model and data on their GPU
+    # NCCL ranks need their model and data on their GPU
+    device = pick_device("auto", dist_env()[1])
     cfg = preset(preset_name)
     gen = torch.Generator().manual_seed(0)
-    idx, targets = torch.randint(0, cfg.vocab_size, (2, global_batch, cfg.block_size), generator=gen).to(device)
+    idx, targets = torch.randint(
+        0, cfg.vocab_size, (2, global_batch, cfg.block_size), generator=gen
+    ).to(device)
     reference = gradients(GPT(cfg).to(device), idx, targets)
     rows = idx.shape[0] // world
     mine = slice(rank * rows, (rank + 1) * rows)
     results = []
     for order, impl, mode in FSDP2_ORDERS:
-        kwargs = {"checkpoint_impl": CheckpointImpl.REENTRANT if impl == "reentrant" else CheckpointImpl.NO_REENTRANT}
+        kwargs = {
+            "checkpoint_impl": CheckpointImpl.REENTRANT
+            if impl == "reentrant"
+            else CheckpointImpl.NO_REENTRANT
+        }
         if mode == "selective":
-            kwargs["context_fn"] = lambda: create_selective_checkpoint_contexts(save_ops_policy())
-        model = GPT(cfg).to(device)  # moved before sharding: apply_fsdp builds its mesh on this device
+            kwargs["context_fn"] = lambda: create_selective_checkpoint_contexts(
+                save_ops_policy()
+            )
+        # moved before sharding: apply_fsdp builds its mesh on this device
+        model = GPT(cfg).to(device)
 
-        def wrap_blocks(model=model, kwargs=kwargs):  # bound now: called in this iteration
+        # bound now: called in this iteration
+        def wrap_blocks(model=model, kwargs=kwargs):
             for i, block in enumerate(model.blocks):
                 model.blocks[i] = checkpoint_wrapper(block, **kwargs)
 
@@ -209,15 +252,22 @@ def fsdp2_orders(preset_name: str = "tiny", global_batch: int = 8) -> list[dict]
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             model(idx[mine], targets[mine])[1].backward()
         names = [event.name for event in prof.events()]
-        diff = max((p.grad.full_tensor() - r).abs().max().item() for p, r in zip(model.parameters(), reference))
+        diff = max(
+            (p.grad.full_tensor() - r).abs().max().item()
+            for p, r in zip(model.parameters(), reference)
+        )
         results.append(
             {
                 "order": order,
                 "checkpoint": impl,
                 "mode": mode,
                 "grad_max_abs_diff": diff,
-                "pre_forward_per_block": sum(n.startswith("FSDP::pre_forward (blocks.") for n in names) / cfg.n_layer,
-                "all_gathers": names.count("c10d::_allgather_base_"),  # gloo:all_gather, nccl:_all_gather_base
+                "pre_forward_per_block": sum(
+                    n.startswith("FSDP::pre_forward (blocks.") for n in names
+                )
+                / cfg.n_layer,
+                # gloo:all_gather, nccl:_all_gather_base
+                "all_gathers": names.count("c10d::_allgather_base_"),
             }
         )
     return results

@@ -1,8 +1,10 @@
-"""DDP in practice: uneven inputs and ``Join``, BatchNorm under DDP, exact distributed evaluation.
+"""DDP in practice: uneven inputs and ``Join``, BatchNorm under DDP, exact distributed
+evaluation.
 
-The experiments of book/ddp_in_practice.md. The ``*_demo`` functions run on every rank of a
-``run_ranks`` or ``observe`` launch (2 gloo ranks on the page); the ``*_reference`` functions
-compute the same thing in one process, for the tests and the page to compare with.
+The experiments of book/ddp_in_practice.md. The ``*_demo`` functions run on every rank
+of a ``run_ranks`` or ``observe`` launch (2 gloo ranks on the page); the ``*_reference``
+functions compute the same thing in one process, for the tests and the page to compare
+with.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def flat(tensors) -> torch.Tensor:
 
 # ---------------------------------------------------------------- uneven inputs
 def uneven_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank ``rank``'s rows at ``step``: a pure function of the two, so one process can redo them."""
+    """Rank ``rank``'s rows at ``step``: a pure function of the two, so one process can
+    redo them."""
     gen = torch.Generator().manual_seed(100 * step + rank)
     x = torch.randn(ROWS, 3, generator=gen)  # (ROWS, 3)
     return x, x @ TRUE_W + 0.1 * torch.randn(ROWS, 1, generator=gen)  # (ROWS, 1)
@@ -61,22 +64,28 @@ def uneven_demo(
     real_match = model._match_all_reduce_for_bwd_pass
     model._match_all_reduce_for_bwd_pass = lambda: (shadowed.append(1), real_match())
     context = (
-        Join([model], divide_by_initial_world_size=divide_by_initial_world_size) if join else contextlib.nullcontext()
+        Join([model], divide_by_initial_world_size=divide_by_initial_world_size)
+        if join
+        else contextlib.nullcontext()
     )
     grads, done, left_loop, counted = [], 0, None, CommDebugMode()
     with caught(report) as failed, context:
         for step in range(steps_per_rank[rank]):
             x, y = uneven_batch(step, rank)
             opt.zero_grad()
-            # step 2's collectives are counted: step 1 also broadcasts DDP's rebuilt buckets, once
+            # step 2's collectives are counted: step 1 also broadcasts DDP's rebuilt
+            # buckets, once
             with counted if step == 2 else contextlib.nullcontext():
-                F.mse_loss(model(x), y).backward()  # the gradient all-reduce: every rank must be here
+                # the gradient all-reduce: every rank must be here
+                F.mse_loss(model(x), y).backward()
             grads.append(flat(p.grad for p in model.parameters()))
             opt.step()
             done += 1
-        left_loop = flat(model.parameters())  # the weights when this rank ran out of data
+        # the weights when this rank ran out of data
+        left_loop = flat(model.parameters())
     if failed.error is None and not join:
-        stuck(idle_s)  # the rank with less data goes on to other work (a checkpoint, say)
+        # the rank with less data goes on to other work (a checkpoint, say)
+        stuck(idle_s)
     return {
         "steps": done,
         "shadowed": len(shadowed),
@@ -85,25 +94,40 @@ def uneven_demo(
         "weights": flat(model.parameters()),
         "error": failed.error,
         "waited_s": failed.waited_s,
-        "step_collectives": {str(op).split(".")[-1]: n for op, n in counted.get_comm_counts().items()},
+        "step_collectives": {
+            str(op).split(".")[-1]: n for op, n in counted.get_comm_counts().items()
+        },
     }
 
 
 # --- end uneven ---
 
 
-def uneven_reference(steps_per_rank: list[int], divide_by_initial_world_size: bool = True, lr: float = 0.1) -> dict:
-    """One process, the same rows: at each step the rows of the ranks that still have data.
+def uneven_reference(
+    steps_per_rank: list[int],
+    divide_by_initial_world_size: bool = True,
+    lr: float = 0.1,
+) -> dict:
+    """One process, the same rows: at each step the rows of the ranks that still have
+    data.
 
     ``divide_by_initial_world_size``: a step's loss is divided by every rank's rows
-    (``ROWS * world_size``), as if the missing ranks' rows counted zero; else by the rows present.
+    (``ROWS * world_size``), as if the missing ranks' rows counted zero; else by the
+    rows present.
     """
     model, world_size = regressor(), len(steps_per_rank)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     grads = []
     for step in range(max(steps_per_rank)):
         x, y = (
-            torch.cat(t) for t in zip(*[uneven_batch(step, r) for r in range(world_size) if step < steps_per_rank[r]])
+            torch.cat(t)
+            for t in zip(
+                *[
+                    uneven_batch(step, r)
+                    for r in range(world_size)
+                    if step < steps_per_rank[r]
+                ]
+            )
         )
         rows = ROWS * world_size if divide_by_initial_world_size else len(x)
         opt.zero_grad()
@@ -120,18 +144,21 @@ def bn_model() -> nn.Module:
 
 
 def bn_batch(step: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of ``step``: ROWS rows per rank; rank r takes rows [r*ROWS, (r+1)*ROWS)."""
+    """The global batch of ``step``: ROWS rows per rank; rank r takes rows [r*ROWS,
+    (r+1)*ROWS)."""
     gen = torch.Generator().manual_seed(step)
     x = 2 * torch.randn(ROWS * world_size, 4, generator=gen) + 1  # (B, 4)
-    return x, x[:, :1] * x[:, 1:2] + torch.randn(ROWS * world_size, 1, generator=gen)  # (B, 1)
+    # (B, 1)
+    return x, x[:, :1] * x[:, 1:2] + torch.randn(ROWS * world_size, 1, generator=gen)
 
 
-PROBE = torch.linspace(-2, 2, 12).view(3, 4)  # an input for eval-mode outputs, which use the running stats
+# an input for eval-mode outputs, which use the running stats
+PROBE = torch.linspace(-2, 2, 12).view(3, 4)
 
 
 def _steps(model, opt, batches, runner=None) -> dict:
-    """Train on ``batches`` (through ``runner``, a DDP wrapper, if given); the gradient of the
-    first step, where the model ends, and its eval-mode output on PROBE."""
+    """Train on ``batches`` (through ``runner``, a DDP wrapper, if given); the gradient
+    of the first step, where the model ends, and its eval-mode output on PROBE."""
     forward = runner or model
     first = None
     for x, y in batches:
@@ -141,8 +168,11 @@ def _steps(model, opt, batches, runner=None) -> dict:
         opt.step()
     forward.eval()
     with torch.no_grad():
-        probe = forward(PROBE)  # under DDP with broadcast_buffers, this forward broadcasts rank 0's buffers
-    bn = next(m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
+        # under DDP with broadcast_buffers, this forward broadcasts rank 0's buffers
+        probe = forward(PROBE)
+    bn = next(
+        m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    )
     return {
         "grad0": first,
         "weights": flat(model.parameters()),
@@ -153,11 +183,15 @@ def _steps(model, opt, batches, runner=None) -> dict:
 
 
 # --- begin batchnorm ---
-def bn_demo(broadcast_buffers: bool = True, sync: bool = False, steps: int = 3, lr: float = 0.1) -> dict:
-    """Rank r trains the BatchNorm model under DDP on its ROWS rows of each global batch."""
+def bn_demo(
+    broadcast_buffers: bool = True, sync: bool = False, steps: int = 3, lr: float = 0.1
+) -> dict:
+    """Rank r trains the BatchNorm model under DDP on its ROWS rows of each global
+    batch."""
     rank, world_size = rank_world()
     module = convert_sync_batchnorm_on_gloo(bn_model()) if sync else bn_model()
-    # this rank's own gradient of step 0, before DDP averages it (a copy: its forward moves running stats)
+    # this rank's own gradient of step 0, before DDP averages it (a copy: its forward
+    # moves running stats)
     local = copy.deepcopy(module)
     x, y = bn_batch(0, world_size)
     mine = slice(rank * ROWS, (rank + 1) * ROWS)
@@ -166,10 +200,19 @@ def bn_demo(broadcast_buffers: bool = True, sync: bool = False, steps: int = 3, 
     dist.all_reduce(mean_of_local)
     ddp = DDP(module, broadcast_buffers=broadcast_buffers)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
-    out = _steps(module, opt, [(x[mine], y[mine]) for x, y in (bn_batch(s, world_size) for s in range(steps))], ddp)
+    out = _steps(
+        module,
+        opt,
+        [
+            (x[mine], y[mine])
+            for x, y in (bn_batch(s, world_size) for s in range(steps))
+        ],
+        ddp,
+    )
     ddp.train()
     x, y = bn_batch(steps, world_size)
-    F.mse_loss(ddp(x[mine]), y[mine]).backward()  # after a no_grad forward DDP skips one buffer broadcast
+    # after a no_grad forward DDP skips one buffer broadcast
+    F.mse_loss(ddp(x[mine]), y[mine]).backward()
     with CommDebugMode() as fwd:  # one more step, its collectives counted
         loss = F.mse_loss(ddp(x[mine]), y[mine])
     with CommDebugMode() as bwd:
@@ -193,10 +236,14 @@ def bn_reference(steps: int = 3, lr: float = 0.1, world_size: int = 2) -> dict:
 
 
 def torch_sync_batchnorm_on_cpu() -> dict[str, str]:
-    """What torch's own SyncBatchNorm does with CPU tensors on a gloo group: each attempt, one line."""
+    """What torch's own SyncBatchNorm does with CPU tensors on a gloo group: each
+    attempt, one line."""
     model = nn.SyncBatchNorm.convert_sync_batchnorm(bn_model())
     out = {"converted": type(model[1]).__name__}
-    for name, attempt in (("forward", lambda: model(bn_batch(0, 1)[0])), ("DDP(model)", lambda: DDP(model))):
+    for name, attempt in (
+        ("forward", lambda: model(bn_batch(0, 1)[0])),
+        ("DDP(model)", lambda: DDP(model)),
+    ):
         try:
             attempt()
             out[name] = "ran"
@@ -214,20 +261,28 @@ def per_sample_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch
 # --- begin exact ---
 @torch.no_grad()
 def evaluate_exactly(model: nn.Module, dataset, batch_size: int = 2) -> float:
-    """The mean loss over every sample of ``dataset`` exactly once, the same on every rank.
+    """The mean loss over every sample of ``dataset`` exactly once, the same on every
+    rank.
 
-    The shards are DistributedSampler's (shuffle off, padded: every rank runs the same number
-    of batches, which a model whose forward has collectives needs); the padding is masked out.
+    The shards are DistributedSampler's (shuffle off, padded: every rank runs the same
+    number of batches, which a model whose forward has collectives needs); the padding
+    is masked out.
     """
     rank, world_size = rank_world()
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+    sampler = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=False
+    )
     indices = list(sampler)
-    total = torch.zeros(2, dtype=torch.float64)  # (sum of losses, samples): float64 keeps counts exact
+    # (sum of losses, samples): float64 keeps counts exact
+    total = torch.zeros(2, dtype=torch.float64)
     for start in range(0, len(indices), batch_size):
         batch = indices[start : start + batch_size]
         x, y = (torch.stack(t) for t in zip(*[dataset[i] for i in batch]))
-        # rank r holds positions r, r + N, r + 2N, ... of the padded order; those past the end are repeats
-        real = torch.tensor([rank + (start + j) * world_size < len(dataset) for j in range(len(batch))])
+        # rank r holds positions r, r + N, r + 2N, ... of the padded order; those past
+        # the end are repeats
+        real = torch.tensor(
+            [rank + (start + j) * world_size < len(dataset) for j in range(len(batch))]
+        )
         total[0] += per_sample_loss(model, x, y)[real].sum().double()
         total[1] += real.sum()
     dist.all_reduce(total)  # one collective, after the loop
@@ -238,15 +293,29 @@ def evaluate_exactly(model: nn.Module, dataset, batch_size: int = 2) -> float:
 
 
 @torch.no_grad()
-def naive_evaluations(model: nn.Module, dataset, batch_size: int = 2) -> dict[str, float]:
-    """The usual mistakes, on every rank: the mean of the ranks' means over padded shards,
-    the sum and count over padded shards, and the same with ``drop_last``."""
+def naive_evaluations(
+    model: nn.Module, dataset, batch_size: int = 2
+) -> dict[str, float]:
+    """The usual mistakes, on every rank: the mean of the ranks' means over padded
+    shards, the sum and count over padded shards, and the same with ``drop_last``."""
     rank, world_size = rank_world()
     out = {}
     for name, drop_last in (("padded", False), ("drop_last", True)):
-        idx = list(DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False, drop_last=drop_last))
-        losses = per_sample_loss(model, *(torch.stack(t) for t in zip(*[dataset[i] for i in idx])))
-        totals = torch.tensor([losses.mean().item(), losses.sum().item(), len(idx)], dtype=torch.float64)
+        idx = list(
+            DistributedSampler(
+                dataset,
+                num_replicas=world_size,
+                rank=rank,
+                shuffle=False,
+                drop_last=drop_last,
+            )
+        )
+        losses = per_sample_loss(
+            model, *(torch.stack(t) for t in zip(*[dataset[i] for i in idx]))
+        )
+        totals = torch.tensor(
+            [losses.mean().item(), losses.sum().item(), len(idx)], dtype=torch.float64
+        )
         dist.all_reduce(totals)
         out[f"mean of rank means, {name}"] = (totals[0] / world_size).item()
         out[f"sum / count, {name}"] = (totals[1] / totals[2]).item()
@@ -255,10 +324,13 @@ def naive_evaluations(model: nn.Module, dataset, batch_size: int = 2) -> dict[st
 
 
 def eval_data(n: int) -> tuple[nn.Module, torch.utils.data.TensorDataset]:
-    """A fixed regressor and ``n`` samples whose losses differ a lot (so a repeat shows)."""
+    """A fixed regressor and ``n`` samples whose losses differ a lot (so a repeat
+    shows)."""
     torch.manual_seed(0)
     x = torch.randn(n, 3)
-    return regressor(), torch.utils.data.TensorDataset(x, x @ TRUE_W + torch.arange(n, dtype=torch.float32)[:, None])
+    return regressor(), torch.utils.data.TensorDataset(
+        x, x @ TRUE_W + torch.arange(n, dtype=torch.float32)[:, None]
+    )
 
 
 def one_process_mean(model: nn.Module, dataset) -> float:

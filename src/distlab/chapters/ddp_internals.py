@@ -1,20 +1,21 @@
 """The DDP chapter's experiments: each data-parallel wrapper trained on equal terms, the
 gradients each one leaves after the sync, and what torch's DDP really does inside.
 
-Called on every rank (through ``distlab.infra.launch.run_ranks``) or in a single process:
+Called on every rank (through ``distlab.infra.launch.run_ranks``) or in a single
+process:
 
     run_ranks(train_steps, nprocs=2, args=("ddp-bucketed",))   # from-scratch DDP on 2 ranks
     train_steps("single")                                      # the one-process reference
     run_ranks(bucket_layouts, nprocs=2)                        # the real Reducer's buckets
 
-Strategies (``STRATEGIES``, names from ``distlab.infra.experiment``): ``single`` (no wrapper;
-one process), ``ddp`` (torch's DistributedDataParallel) and the from-scratch ``ddp-naive``,
-``ddp-hooks`` and ``ddp-bucketed`` of ``distlab.scratch.ddp``.
+Strategies (``STRATEGIES``, names from ``distlab.infra.experiment``): ``single`` (no
+wrapper; one process), ``ddp`` (torch's DistributedDataParallel) and the from-scratch
+``ddp-naive``, ``ddp-hooks`` and ``ddp-bucketed`` of ``distlab.scratch.ddp``.
 
-The Reducer (DDP's C++ half) is read through what torch 2.13 lets Python see: its buckets
-(``reducer._get_zeros_like_grad_buckets()``, one ``GradBucket`` each, a private API), DDP's
-logging data (``_get_ddp_logging_data()``), and the aten ops it issues, which a
-``TorchDispatchMode`` sees like any others.
+The Reducer (DDP's C++ half) is read through what torch 2.13 lets Python see: its
+buckets (``reducer._get_zeros_like_grad_buckets()``, one ``GradBucket`` each, a private
+API), DDP's logging data (``_get_ddp_logging_data()``), and the aten ops it issues,
+which a ``TorchDispatchMode`` sees like any others.
 """
 
 from __future__ import annotations
@@ -48,9 +49,17 @@ def train_steps(
     bucket_cap_mb: float | None = None,
     lr: float = 1e-3,
 ) -> dict:
-    """``steps`` AdamW steps; the global mean loss of each step, its seconds and tokens/s.
-    ``bucket_cap_mb`` None leaves each wrapper's default."""
-    return train(strategy, preset_name, steps, global_batch, seed, lr, options=WrapOptions(bucket_cap_mb=bucket_cap_mb))
+    """``steps`` AdamW steps; the global mean loss of each step, its seconds and
+    tokens/s. ``bucket_cap_mb`` None leaves each wrapper's default."""
+    return train(
+        strategy,
+        preset_name,
+        steps,
+        global_batch,
+        seed,
+        lr,
+        options=WrapOptions(bucket_cap_mb=bucket_cap_mb),
+    )
 
 
 def gradients(
@@ -61,14 +70,21 @@ def gradients(
     bucket_cap_mb: float | None = None,
 ) -> list[torch.Tensor]:
     """Every parameter's gradient after one forward/backward and the gradient sync."""
-    exp = build(strategy, preset_name, global_batch, seed, options=WrapOptions(bucket_cap_mb=bucket_cap_mb))
+    exp = build(
+        strategy,
+        preset_name,
+        global_batch,
+        seed,
+        options=WrapOptions(bucket_cap_mb=bucket_cap_mb),
+    )
     exp.backward(exp.loss(0))
     return [p.grad.detach().cpu().clone() for p in exp.model.parameters()]
 
 
 class AtenOps(TorchDispatchMode):
-    """Counts the aten ops run inside the block, C++ callers included (DDP's Reducer issues its
-    gradient copies through the dispatcher), and keeps the scalar factor of each ``mul.out``."""
+    """Counts the aten ops run inside the block, C++ callers included (DDP's Reducer
+    issues its gradient copies through the dispatcher), and keeps the scalar factor of
+    each ``mul.out``."""
 
     def __init__(self):
         super().__init__()
@@ -77,7 +93,8 @@ class AtenOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.counts[str(func)] += 1
-        if func is torch.ops.aten.mul.out and isinstance(args[1], float):  # tensor * a Python number
+        # tensor * a Python number
+        if func is torch.ops.aten.mul.out and isinstance(args[1], float):
             self.mul_factors.add(args[1])
         return func(*args, **(kwargs or {}))
 
@@ -87,8 +104,8 @@ def _device() -> torch.device:
 
 
 def _ddp(model: nn.Module, bucket_cap_mb: float | None = None, **kwargs):
-    """torch DDP around ``model`` (moved to this rank's device); ``bucket_cap_mb`` only if given,
-    since passing it, even as 25, turns the 1 MiB first bucket off."""
+    """torch DDP around ``model`` (moved to this rank's device); ``bucket_cap_mb`` only
+    if given, since passing it, even as 25, turns the 1 MiB first bucket off."""
     device = _device()
     if bucket_cap_mb is not None:
         kwargs["bucket_cap_mb"] = bucket_cap_mb
@@ -97,19 +114,27 @@ def _ddp(model: nn.Module, bucket_cap_mb: float | None = None, **kwargs):
 
 # --- begin layouts ---
 def reducer_buckets(ddp) -> list[tuple[int, list[str]]]:
-    """The Reducer's buckets now, in the order it launches them: (bytes, parameter names)."""
+    """The Reducer's buckets now, in the order it launches them: (bytes, parameter
+    names)."""
     names = {id(p): name for name, p in ddp.module.named_parameters()}
     return [
-        (b.buffer().numel() * b.buffer().element_size(), [names[id(p)] for p in b.parameters()])
+        (
+            b.buffer().numel() * b.buffer().element_size(),
+            [names[id(p)] for p in b.parameters()],
+        )
         for b in ddp.reducer._get_zeros_like_grad_buckets()
     ]
 
 
 def bucket_layouts(
-    preset_name: str = "tiny", bucket_cap_mb: float | None = None, tokens: int = 16, **ddp_kwargs
+    preset_name: str = "tiny",
+    bucket_cap_mb: float | None = None,
+    tokens: int = 16,
+    **ddp_kwargs,
 ) -> dict:
-    """On every rank: torch DDP's buckets when it is built, after the first backward, and from
-    the second forward on; and the order in which the first backward made the gradients ready."""
+    """On every rank: torch DDP's buckets when it is built, after the first backward,
+    and from the second forward on; and the order in which the first backward made the
+    gradients ready."""
     model = GPT(preset(preset_name))
     ddp = _ddp(model, bucket_cap_mb, **ddp_kwargs)
     x = torch.randint(0, model.config.vocab_size, (1, tokens), device=_device())
@@ -119,14 +144,18 @@ def bucket_layouts(
     loss = ddp(x, x)[1]  # DDP's forward first asks the Reducer to rebuild its buckets
     layouts["from forward 2 on"] = reducer_buckets(ddp)
     loss.backward()
-    names = [name for name, _ in ddp.module.named_parameters()]  # the Reducer's parameter indices
+    # the Reducer's parameter indices
+    names = [name for name, _ in ddp.module.named_parameters()]
     # logged by the second forward, so it is the first backward's order
     ready = ddp._get_ddp_logging_data()["prev_iteration_grad_ready_order_indices"]
     return {
         "layouts": layouts,
         "ready_order": [names[int(i)] for i in ready.split(",")],
         "parameters": names,
-        "bytes": {name: p.numel() * p.element_size() for name, p in ddp.module.named_parameters()},
+        "bytes": {
+            name: p.numel() * p.element_size()
+            for name, p in ddp.module.named_parameters()
+        },
     }
 
 
@@ -134,19 +163,26 @@ def bucket_layouts(
 
 
 def gradient_when_backward_returns() -> dict:
-    """On every rank: the tied embedding's gradient as a hook sees it inside backward (it is
-    the last gradient the tiny GPT's backward produces) and as ``backward()`` leaves it."""
+    """On every rank: the tied embedding's gradient as a hook sees it inside backward
+    (it is the last gradient the tiny GPT's backward produces) and as ``backward()``
+    leaves it."""
     exp = build("ddp")
     inside = []
-    exp.model.wte.weight.register_post_accumulate_grad_hook(lambda p: inside.append(p.grad.clone()))
+    exp.model.wte.weight.register_post_accumulate_grad_hook(
+        lambda p: inside.append(p.grad.clone())
+    )
     exp.loss(0).backward()  # nothing else: no call after it
-    return {"inside backward": inside[0], "after backward": exp.model.wte.weight.grad.clone()}
+    return {
+        "inside backward": inside[0],
+        "after backward": exp.model.wte.weight.grad.clone(),
+    }
 
 
 def predivision(global_batch: int = 12) -> dict:
-    """On every rank: torch DDP's averaged gradients; NaiveDDP's (an all-reduce per tensor: sum,
-    then divide by N); the same all-reduces of gradients multiplied by 1/N first; and the
-    factors by which DDP's Reducer multiplies the gradients it copies into its buckets."""
+    """On every rank: torch DDP's averaged gradients; NaiveDDP's (an all-reduce per
+    tensor: sum, then divide by N); the same all-reduces of gradients multiplied by 1/N
+    first; and the factors by which DDP's Reducer multiplies the gradients it copies
+    into its buckets."""
     with AtenOps() as ops:
         ddp = gradients("ddp", global_batch=global_batch)
     naive = gradients("ddp-naive", global_batch=global_batch)
@@ -156,24 +192,34 @@ def predivision(global_batch: int = 12) -> dict:
         p.grad.mul_(1 / exp.world_size)  # as DDP does, and then only the sum
         dist.all_reduce(p.grad)
     predivided = [p.grad.detach().cpu().clone() for p in exp.model.parameters()]
-    return {"ddp": ddp, "naive": naive, "naive_predivided": predivided, "factors": sorted(ops.mul_factors)}
+    return {
+        "ddp": ddp,
+        "naive": naive,
+        "naive_predivided": predivided,
+        "factors": sorted(ops.mul_factors),
+    }
 
 
 def ulps_of_largest(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    """The largest |a - b| over every tensor pair, in ulps of that tensor's largest |b| (1 ulp:
-    the gap between two neighbouring floats of that size)."""
+    """The largest |a - b| over every tensor pair, in ulps of that tensor's largest |b|
+    (1 ulp: the gap between two neighbouring floats of that size)."""
     worst = 0.0
     for x, y in zip(a, b, strict=True):
         top = y.abs().max()
-        worst = max(worst, ((x - y).abs().max() / (torch.nextafter(top, top + 1) - top)).item())
+        worst = max(
+            worst, ((x - y).abs().max() / (torch.nextafter(top, top + 1) - top)).item()
+        )
     return worst
 
 
 # --- begin bucket-view ---
-def bucket_view_costs(as_view: bool, set_to_none: bool, batch: int = 4, tokens: int = 64, steps: int = 3) -> dict:
-    """On every rank: what DDP does with each gradient in a backward after its buckets are
-    rebuilt, and the peak bytes of tensors from the second iteration on (PyTorch's MemTracker,
-    entered before the forward in which DDP allocates its rebuilt buckets, so it sees them)."""
+def bucket_view_costs(
+    as_view: bool, set_to_none: bool, batch: int = 4, tokens: int = 64, steps: int = 3
+) -> dict:
+    """On every rank: what DDP does with each gradient in a backward after its buckets
+    are rebuilt, and the peak bytes of tensors from the second iteration on (PyTorch's
+    MemTracker, entered before the forward in which DDP allocates its rebuilt buckets,
+    so it sees them)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     model = GPT(preset("tiny"))
@@ -183,22 +229,28 @@ def bucket_view_costs(as_view: bool, set_to_none: bool, batch: int = 4, tokens: 
     tracker, ops = MemTracker(), AtenOps()
     tracker.track_external(model, optimizer)
     for step in range(steps):
-        x = torch.randint(0, model.config.vocab_size, (batch, tokens), generator=gen).to(_device())
+        x = torch.randint(
+            0, model.config.vocab_size, (batch, tokens), generator=gen
+        ).to(_device())
         if step == 1:
             tracker.__enter__()
         if step >= 1:
-            tracker.reset_mod_stats()  # the tracker refuses a second forward of a module it watched
+            # the tracker refuses a second forward of a module it watched
+            tracker.reset_mod_stats()
         loss = ddp(x, x)[1]
         if step == steps - 1:
             with ops:
                 loss.backward()
         else:
             loss.backward()
-        grad_storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+        grad_storages = {
+            p.grad.untyped_storage().data_ptr() for p in model.parameters()
+        }
         optimizer.step()
         optimizer.zero_grad(set_to_none=set_to_none)
     tracker.__exit__(None, None, None)
-    peak = tracker_snapshot(tracker, "peak", _device())  # the model's device: AdamW's step counters sit on the CPU
+    # the model's device: AdamW's step counters sit on the CPU
+    peak = tracker_snapshot(tracker, "peak", _device())
     return {
         "copies into the bucket (x 1/N)": ops.counts["aten.mul.out"],
         "in-place divisions in the bucket": ops.counts["aten.div_.Scalar"],
@@ -211,11 +263,16 @@ def bucket_view_costs(as_view: bool, set_to_none: bool, batch: int = 4, tokens: 
 # --- end bucket-view ---
 
 
-def compiled_ddp(n_embd: int | None = None, bucket_cap_mb: float | None = None, compile_first: bool = False) -> dict:
-    """On every rank: ``torch.compile(DDP(gpt))`` (or ``DDP(torch.compile(gpt))``) for two steps
-    with the ``aot_eager`` backend (Dynamo and AOTAutograd, no code generation). Returns the
-    graphs the backend was handed, DDPOptimizer's own log line, DDP's buckets after its
-    rebuild, and the first step's seconds, or the error that stopped the compile."""
+def compiled_ddp(
+    n_embd: int | None = None,
+    bucket_cap_mb: float | None = None,
+    compile_first: bool = False,
+) -> dict:
+    """On every rank: ``torch.compile(DDP(gpt))`` (or ``DDP(torch.compile(gpt))``) for
+    two steps with the ``aot_eager`` backend (Dynamo and AOTAutograd, no code
+    generation). Returns the graphs the backend was handed, DDPOptimizer's own log line,
+    DDP's buckets after its rebuild, and the first step's seconds, or the error that
+    stopped the compile."""
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._dynamo.utils import counters
 
@@ -244,11 +301,17 @@ def compiled_ddp(n_embd: int | None = None, bucket_cap_mb: float | None = None, 
         dynamo_log.removeHandler(said)
         dynamo_log.setLevel(level)
     return {
-        "param_bytes": sum(p.numel() * p.element_size() for p in ddp.module.parameters()),
+        "param_bytes": sum(
+            p.numel() * p.element_size() for p in ddp.module.parameters()
+        ),
         "graphs": backend.frame_count,
-        "ddp_optimizer": [line.strip() for line in said.lines if "DDPOptimizer" in line],
+        "ddp_optimizer": [
+            line.strip() for line in said.lines if "DDPOptimizer" in line
+        ],
         "ddp_buckets": [size for size, _ in reducer_buckets(ddp)],
-        "graph_breaks": {_explanation(reason): n for reason, n in counters["graph_break"].items()},
+        "graph_breaks": {
+            _explanation(reason): n for reason, n in counters["graph_break"].items()
+        },
         "first_step_s": seconds[0],
     }
 
@@ -265,5 +328,12 @@ class _LogLines(logging.Handler):
 def _explanation(reason: str) -> str:
     """The line of a Dynamo graph-break reason that says what it could not trace."""
     lines = [line.strip() for line in reason.splitlines() if line.strip()]
-    why = next((line.removeprefix("Explanation: ") for line in lines if line.startswith("Explanation:")), lines[0])
+    why = next(
+        (
+            line.removeprefix("Explanation: ")
+            for line in lines
+            if line.startswith("Explanation:")
+        ),
+        lines[0],
+    )
     return re.sub(r" in file `[^`]*`", "", why)  # not this machine's paths

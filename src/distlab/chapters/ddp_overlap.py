@@ -1,4 +1,5 @@
-"""The overlap on a timeline, and compressing the gradients: the experiments of book/ddp_overlap.md.
+"""The overlap on a timeline, and compressing the gradients: the experiments of
+book/ddp_overlap.md.
 
     run_ranks(timeline_demo, nprocs=2)                    # bucket timestamps, from-scratch and torch DDP
     run_ranks(compression_demo, nprocs=2)                 # bytes, seconds and losses per comm hook
@@ -28,22 +29,27 @@ SEED = 1337
 
 def _batch(step: int, rows_per_rank: int, tokens: int):
     rank, world_size = rank_world()
-    return token_data().batch("train", step, rows_per_rank * world_size, tokens, SEED, rank, world_size)
+    return token_data().batch(
+        "train", step, rows_per_rank * world_size, tokens, SEED, rank, world_size
+    )
 
 
 def _model(preset_name: str) -> GPT:
-    torch.manual_seed(0)  # the same initial weights in every variant (DDP broadcasts rank 0's anyway)
+    # the same initial weights in every variant (DDP broadcasts rank 0's anyway)
+    torch.manual_seed(0)
     return GPT(preset(preset_name, vocab_size=token_data().vocab_size))
 
 
 # ---------------------------------------------------------------- the overlap on a timeline
 # --- begin scratch recorder ---
 class _TimedWork:
-    """Stands in for the all-reduce's Work object: records when the step waits on it and when it returns."""
+    """Stands in for the all-reduce's Work object: records when the step waits on it and
+    when it returns."""
 
     def __init__(self, work, timeline: Timeline, bucket: int):
         self.work, self.timeline, self.bucket = work, timeline, bucket
-        work.get_future().then(lambda _: timeline.mark("done", bucket))  # runs when gloo completes it
+        # runs when gloo completes it
+        work.get_future().then(lambda _: timeline.mark("done", bucket))
 
     def wait(self):
         self.timeline.mark("wait", self.bucket)
@@ -53,20 +59,24 @@ class _TimedWork:
 
 
 class TimedBucketedDDP(BucketedDDP):
-    """BucketedDDP, with every bucket's ready, launch, done and wait times recorded in ``timeline``."""
+    """BucketedDDP, with every bucket's ready, launch, done and wait times recorded in
+    ``timeline``."""
 
     def __init__(self, module: nn.Module, timeline: Timeline, **options):
         super().__init__(module, **options)
         self.timeline = timeline
         for i, bucket in enumerate(self.buckets):
-            timeline.bucket_bytes[i] = bucket.buffer.numel() * bucket.buffer.element_size()
+            timeline.bucket_bytes[i] = (
+                bucket.buffer.numel() * bucket.buffer.element_size()
+            )
 
     def _into_bucket(self, p: torch.Tensor, grad: torch.Tensor) -> None:
         bucket = self.bucket_of[p]
         if bucket.pending == 1:  # this gradient completes the bucket
             self.timeline.mark("ready", self.buckets.index(bucket))
         first_unlaunched = self.next_to_launch
-        super()._into_bucket(p, grad)  # launches every bucket that is now next in line and full
+        # launches every bucket that is now next in line and full
+        super()._into_bucket(p, grad)
         for i in range(first_unlaunched, self.next_to_launch):
             self.timeline.mark("launch", i)
             self.buckets[i].work = _TimedWork(self.buckets[i].work, self.timeline, i)
@@ -77,10 +87,15 @@ class TimedBucketedDDP(BucketedDDP):
 
 # --- begin timeline ---
 def timeline_demo(
-    preset_name: str = "shakespeare", bucket_cap_mb: float = 6.0, rows: int = 2, tokens: int = 64, steps: int = 2
+    preset_name: str = "shakespeare",
+    bucket_cap_mb: float = 6.0,
+    rows: int = 2,
+    tokens: int = 64,
+    steps: int = 2,
 ) -> dict:
-    """On every rank: ``steps`` steps of the from-scratch BucketedDDP, then of torch's DDP, each step's
-    events recorded (forward, backward, per-gradient ticks, per-bucket ready/launch/done/waited)."""
+    """On every rank: ``steps`` steps of the from-scratch BucketedDDP, then of torch's
+    DDP, each step's events recorded (forward, backward, per-gradient ticks, per-bucket
+    ready/launch/done/waited)."""
     out = {}
     for wrapper in ("from scratch", "torch"):
         timeline, module = Timeline(), _model(preset_name)
@@ -95,16 +110,23 @@ def timeline_demo(
             x, y = _batch(step, rows, tokens)
             timeline.clear()
             if wrapper == "torch":
-                timeline.bucket_bytes.clear()  # the hook records them again: torch's buckets change after step 1
+                # the hook records them again: torch's buckets change after step 1
+                timeline.bucket_bytes.clear()
             timeline.mark("forward")
             loss = model(x, y)[1]
             timeline.mark("backward")
-            loss.backward()  # torch's DDP waits for its buckets in here, before backward() returns
+            # torch's DDP waits for its buckets in here, before backward() returns
+            loss.backward()
             timeline.mark("backward returned")
             if wrapper == "from scratch":
                 model.finish_gradient_sync()  # ours waits here
             timeline.mark("synced")
-            recorded.append({"events": list(timeline.events), "bucket_bytes": dict(timeline.bucket_bytes)})
+            recorded.append(
+                {
+                    "events": list(timeline.events),
+                    "bucket_bytes": dict(timeline.bucket_bytes),
+                }
+            )
         out[wrapper] = recorded
     return out
 
@@ -119,9 +141,11 @@ def bf16_hook_by_another_name(process_group, bucket):
 
 
 def _register(ddp: DDP, variant: str, start_powersgd_iter: int):
-    """Register the comm hook of ``variant`` on ``ddp``; returns the PowerSGD state, or None."""
+    """Register the comm hook of ``variant`` on ``ddp``; returns the PowerSGD state, or
+    None."""
     if variant == "fp32":
-        ddp.register_comm_hook(None, default_hooks.allreduce_hook)  # what DDP does without a hook
+        # what DDP does without a hook
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif variant == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif variant == "bf16":
@@ -130,17 +154,21 @@ def _register(ddp: DDP, variant: str, start_powersgd_iter: int):
         state = powerSGD_hook.PowerSGDState(
             process_group=None,
             matrix_approximation_rank=int(variant.split("-")[1]),
-            start_powerSGD_iter=start_powersgd_iter,  # plain all-reduce before this step
+            # plain all-reduce before this step
+            start_powerSGD_iter=start_powersgd_iter,
         )
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return state
     else:
-        raise ValueError(f"unknown variant {variant!r}: fp32, fp16, bf16 or powersgd-<rank>")
+        raise ValueError(
+            f"unknown variant {variant!r}: fp32, fp16, bf16 or powersgd-<rank>"
+        )
     return None
 
 
 def bf16_refusal() -> str:
-    """What ``register_comm_hook(None, bf16_compress_hook)`` says on a CPU build: one line."""
+    """What ``register_comm_hook(None, bf16_compress_hook)`` says on a CPU build: one
+    line."""
     ddp = DDP(_model("tiny"))
     try:
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
@@ -160,11 +188,14 @@ def train_with_hook(
     preset_name: str = "tiny",
     bucket_cap_mb: float | None = None,
 ) -> dict:
-    """``steps`` AdamW steps under DDP with the comm hook ``variant``: per step the global mean loss,
-    the all-reduces this rank issued (elements, dtype, bytes) and the seconds of forward + backward."""
-    device = pick_device("auto", dist_env()[1])  # the CPU on the page's ranks; a GPU each with device="cuda"
+    """``steps`` AdamW steps under DDP with the comm hook ``variant``: per step the
+    global mean loss, the all-reduces this rank issued (elements, dtype, bytes) and the
+    seconds of forward + backward."""
+    # the CPU on the page's ranks; a GPU each with device="cuda"
+    device = pick_device("auto", dist_env()[1])
     cap = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
-    ddp = apply_ddp(_model(preset_name).to(device), device, **cap)  # tiny: 0.41 MiB of gradients, one bucket
+    # tiny: 0.41 MiB of gradients, one bucket
+    ddp = apply_ddp(_model(preset_name).to(device), device, **cap)
     _register(ddp, variant, start_powersgd_iter)
     opt = torch.optim.AdamW(ddp.parameters(), lr=lr)
     losses, sent, seconds = [], [], []
@@ -174,7 +205,8 @@ def train_with_hook(
         start = time.perf_counter()
         with CountedAllReduce() as counted:
             loss = ddp(x, y)[1]
-            loss.backward()  # the hook's all-reduces, all finished when backward returns
+            # the hook's all-reduces, all finished when backward returns
+            loss.backward()
             synchronize(device)
         seconds.append(time.perf_counter() - start)
         sent.append(counted.calls)
@@ -182,12 +214,20 @@ def train_with_hook(
         mean = loss.detach().clone()
         dist.all_reduce(mean)  # for the record: the global mean loss of this step
         losses.append(mean.item() / dist.get_world_size())
-    return {"losses": losses, "calls": sent, "seconds": seconds, "val_loss": val_loss(ddp.module, tokens)}
+    return {
+        "losses": losses,
+        "calls": sent,
+        "seconds": seconds,
+        "val_loss": val_loss(ddp.module, tokens),
+    }
 
 
 def val_loss(model: GPT, tokens: int = 64, rows: int = 32) -> float:
-    """The loss on one fixed validation batch (the same on every rank, whose weights are equal)."""
-    x, y = token_data().batch("val", 0, rows, tokens, SEED, device=next(model.parameters()).device)
+    """The loss on one fixed validation batch (the same on every rank, whose weights are
+    equal)."""
+    x, y = token_data().batch(
+        "val", 0, rows, tokens, SEED, device=next(model.parameters()).device
+    )
     with torch.no_grad():
         return model(x, y)[1].item()
 
@@ -195,20 +235,28 @@ def val_loss(model: GPT, tokens: int = 64, rows: int = 32) -> float:
 # --- end compression ---
 
 
-def compression_demo(variants=("fp32", "fp16", "bf16", "powersgd-1", "powersgd-2", "powersgd-4"), **kwargs) -> dict:
-    """Every variant on this rank, plus the bf16 refusal and the parameter shapes for the formula."""
+def compression_demo(
+    variants=("fp32", "fp16", "bf16", "powersgd-1", "powersgd-2", "powersgd-4"),
+    **kwargs,
+) -> dict:
+    """Every variant on this rank, plus the bf16 refusal and the parameter shapes for
+    the formula."""
     out = {variant: train_with_hook(variant, **kwargs) for variant in variants}
     out["bf16 refusal"] = bf16_refusal()
     out["shapes"] = [tuple(p.shape) for p in _model("tiny").parameters()]
     return out
 
 
-def powersgd_many_buckets(bucket_cap_mb: float = 0.05, steps: int = 5, rank: int = 2) -> int:
-    """PowerSGD on gloo with several buckets: aborts or hangs (book/ddp_overlap.md says why). Not run by
-    the book: ``run_ranks(powersgd_many_buckets, nprocs=2, timeout=60)`` reproduces it. Returns the
-    number of buckets if it survives."""
+def powersgd_many_buckets(
+    bucket_cap_mb: float = 0.05, steps: int = 5, rank: int = 2
+) -> int:
+    """PowerSGD on gloo with several buckets: aborts or hangs (book/ddp_overlap.md says
+    why). Not run by the book: ``run_ranks(powersgd_many_buckets, nprocs=2,
+    timeout=60)`` reproduces it. Returns the number of buckets if it survives."""
     ddp = DDP(_model("tiny"), bucket_cap_mb=bucket_cap_mb)
-    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
+    state = powerSGD_hook.PowerSGDState(
+        process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2
+    )
     ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     for step in range(steps):
         x, y = _batch(step, 2, 64)
@@ -217,10 +265,13 @@ def powersgd_many_buckets(bucket_cap_mb: float = 0.05, steps: int = 5, rank: int
 
 
 # --- begin formula ---
-def powersgd_elements(shapes, rank: int, min_compression_rate: float = 2) -> dict[str, int]:
-    """What PowerSGD all-reduces per step for gradients of these shapes (torch's powerSGD_hook):
-    each gradient viewed as an n x m matrix (m = 1 for a vector) is compressed to P (n x r) and
-    Q (m x r), r = min(n, m, rank), when (n + m) r min_compression_rate < n m; else sent whole."""
+def powersgd_elements(
+    shapes, rank: int, min_compression_rate: float = 2
+) -> dict[str, int]:
+    """What PowerSGD all-reduces per step for gradients of these shapes (torch's
+    powerSGD_hook): each gradient viewed as an n x m matrix (m = 1 for a vector) is
+    compressed to P (n x r) and Q (m x r), r = min(n, m, rank), when (n + m) r
+    min_compression_rate < n m; else sent whole."""
     out = {"uncompressed": 0, "P": 0, "Q": 0}
     for shape in shapes:
         n, m = shape[0], math.prod(shape[1:])

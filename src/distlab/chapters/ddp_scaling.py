@@ -1,5 +1,6 @@
-"""The experiments of book/ddp_scaling.md: the DDP step model (``distlab.tools.step_model``) checked
-against this machine, its GPU answers, and the all-reduce algorithms' costs.
+"""The experiments of book/ddp_scaling.md: the DDP step model
+(``distlab.tools.step_model``) checked against this machine, its GPU answers, and the
+all-reduce algorithms' costs.
 
     measured = run_ranks(measure_on_ranks, nprocs=2)   # one cheap launch: the alpha-beta fit, and
                                                         # DDP's exposed all-reduce measured directly
@@ -35,29 +36,38 @@ from distlab.tools.step_model import (
     gradient_bytes,
 )
 
-FIT_SIZES = [2**10, 2**12, 2**14, 2**24]  # 1, 4, 16 KB for the latency; 16 MB for the bandwidth
-CHECK_PRESET, CHECK_SEQ, CHECK_BATCH = "shakespeare", 64, 1  # little compute, the whole 43 MB gradient
-H100_BF16 = next(peaks["bf16"] for _, gpu, peaks in DATASHEET_PEAKS if gpu == "H100 SXM")
-GPU_FLOPS = ASSUMED_MFU * H100_BF16  # the model's GPU compute rate: an assumption, stated on the page
+# 1, 4, 16 KB for the latency; 16 MB for the bandwidth
+FIT_SIZES = [2**10, 2**12, 2**14, 2**24]
+# little compute, the whole 43 MB gradient
+CHECK_PRESET, CHECK_SEQ, CHECK_BATCH = "shakespeare", 64, 1
+H100_BF16 = next(
+    peaks["bf16"] for _, gpu, peaks in DATASHEET_PEAKS if gpu == "H100 SXM"
+)
+# the model's GPU compute rate: an assumption, stated on the page
+GPU_FLOPS = ASSUMED_MFU * H100_BF16
 RECORDED = RESULTS_DIR / "bench" / "cpu_shakespeare_fp32.json"
 DDP_BENCH = RESULTS_DIR / "ddp_bench.json"
 
 
 # --- begin exposed ---
 def exposed_all_reduce(steps: int = 12) -> dict:
-    """On every rank: one step's time with DDP's all-reduce and without it (``no_sync``), pairs
-    interleaved so that a slow moment of the machine hits both; the difference is what the
-    all-reduce adds to the step, measured directly."""
+    """On every rank: one step's time with DDP's all-reduce and without it
+    (``no_sync``), pairs interleaved so that a slow moment of the machine hits both; the
+    difference is what the all-reduce adds to the step, measured directly."""
     rank, _ = rank_world()
     model = DDP(GPT(preset(CHECK_PRESET, block_size=CHECK_SEQ)))
     g = torch.Generator().manual_seed(rank)
-    x, y = (torch.randint(0, 65, (CHECK_BATCH, CHECK_SEQ), generator=g) for _ in range(2))
+    x, y = (
+        torch.randint(0, 65, (CHECK_BATCH, CHECK_SEQ), generator=g) for _ in range(2)
+    )
 
     def step(sync: bool) -> float:
-        dist.barrier()  # start together: a rank's all-reduce waits for the slower rank anyway
+        # start together: a rank's all-reduce waits for the slower rank anyway
+        dist.barrier()
         start = time.perf_counter()
         if sync:
-            model(x, y)[1].backward()  # the buckets' all-reduces run, and backward() waits for them
+            # the buckets' all-reduces run, and backward() waits for them
+            model(x, y)[1].backward()
         else:
             with model.no_sync():  # gradients accumulate locally: no all-reduce at all
                 model(x, y)[1].backward()
@@ -66,40 +76,61 @@ def exposed_all_reduce(steps: int = 12) -> dict:
     for _ in range(3):  # warm-up; DDP rebuilds its buckets after the first step
         step(True), step(False)
     with_sync, without = zip(*((step(True), step(False)) for _ in range(steps)))
-    return {"with": list(with_sync), "without": list(without), "threads": torch.get_num_threads()}
+    return {
+        "with": list(with_sync),
+        "without": list(without),
+        "threads": torch.get_num_threads(),
+    }
 
 
 # --- end exposed ---
 
 
 def real_buckets(caps_mb=(None, 1.0)) -> dict:
-    """Torch DDP's own bucket sizes (bytes, launch order) for the check's model, from its second
-    step on, with ``bucket_cap_mb`` not passed (None) and passed."""
+    """Torch DDP's own bucket sizes (bytes, launch order) for the check's model, from
+    its second step on, with ``bucket_cap_mb`` not passed (None) and passed."""
     return {
-        cap: [size for size, _ in bucket_layouts(CHECK_PRESET, cap)["layouts"]["from forward 2 on"]] for cap in caps_mb
+        cap: [
+            size
+            for size, _ in bucket_layouts(CHECK_PRESET, cap)["layouts"][
+                "from forward 2 on"
+            ]
+        ]
+        for cap in caps_mb
     }
 
 
 def measure_on_ranks(steps: int = 12) -> dict:
-    """Everything the page measures, in one launch: DDP's real buckets, the alpha-beta timings,
-    then ``steps`` pairs of DDP steps."""
-    return {"buckets": real_buckets(), "timings": time_collectives(FIT_SIZES), "exposed": exposed_all_reduce(steps)}
+    """Everything the page measures, in one launch: DDP's real buckets, the alpha-beta
+    timings, then ``steps`` pairs of DDP steps."""
+    return {
+        "buckets": real_buckets(),
+        "timings": time_collectives(FIT_SIZES),
+        "exposed": exposed_all_reduce(steps),
+    }
 
 
 def fitted_link(per_rank: list[dict]) -> Link:
     fit = summarise_timings([r["timings"] for r in per_rank])["fit"]["dist.all_reduce"]
-    return Link("gloo loopback (this machine)", fit["alpha"], fit["bandwidth"], "fitted on this page")
+    return Link(
+        "gloo loopback (this machine)",
+        fit["alpha"],
+        fit["bandwidth"],
+        "fitted on this page",
+    )
 
 
 def cpu_check(per_rank: list[dict]) -> dict:
-    """The model's exposed all-reduce time for the check's model on 2 ranks, with and without
-    overlap, against the measured difference (median over the pairs, each pair's slower rank)."""
+    """The model's exposed all-reduce time for the check's model on 2 ranks, with and
+    without overlap, against the measured difference (median over the pairs, each pair's
+    slower rank)."""
     link, n = fitted_link(per_rank), len(per_rank)
     with_sync = [max(ts) for ts in zip(*(r["exposed"]["with"] for r in per_rank))]
     without = [max(ts) for ts in zip(*(r["exposed"]["without"] for r in per_rank))]
     measured = statistics.median(w - wo for w, wo in zip(with_sync, without))
     compute = statistics.median(without)
-    buckets = ddp_default_buckets(preset(CHECK_PRESET))  # the sequence length changes no weight
+    # the sequence length changes no weight
+    buckets = ddp_default_buckets(preset(CHECK_PRESET))
     no_overlap = ddp_step(compute, buckets, n, link, overlap=False)
     overlap = ddp_step(compute, buckets, n, link, overlap=True)
     return {
@@ -116,9 +147,10 @@ def cpu_check(per_rank: list[dict]) -> dict:
 
 
 def recorded_runs_check(link: Link) -> list[dict]:
-    """Lab 2's recorded tokens/s at 1, 2 and 4 ranks against the model: the 1-rank run's step time
-    (its compute, with both cores), which N ranks on the same 2 cores split N ways, plus the whole
-    all-reduce of the gradient, which cannot overlap (``overlap=False``), at the link fitted here."""
+    """Lab 2's recorded tokens/s at 1, 2 and 4 ranks against the model: the 1-rank run's
+    step time (its compute, with both cores), which N ranks on the same 2 cores split N
+    ways, plus the whole all-reduce of the gradient, which cannot overlap
+    (``overlap=False``), at the link fitted here."""
     runs = json.loads(RECORDED.read_text())
     lab1 = next(r for r in runs["runs"] if r["lab"] == "lab1_single")
     one_rank_step = lab1["tokens_per_step"] / lab1["tokens_per_s"]
@@ -128,14 +160,22 @@ def recorded_runs_check(link: Link) -> list[dict]:
         n = run["world_size"]
         step = ddp_step(one_rank_step, buckets, n, link, overlap=False)["step"]
         predicted = run["tokens_per_step"] / step
-        rows.append({"ranks": n, "threads": run["peak_measured_with"]["threads_per_rank"], "predicted": predicted,
-                     "measured": run["tokens_per_s"], "ratio": predicted / run["tokens_per_s"]})  # fmt: skip
+        rows.append(
+            {
+                "ranks": n,
+                "threads": run["peak_measured_with"]["threads_per_rank"],
+                "predicted": predicted,
+                "measured": run["tokens_per_s"],
+                "ratio": predicted / run["tokens_per_s"],
+            }
+        )
     return rows
 
 
 def bucket_sweep(link: Link) -> list[dict]:
-    """The recorded ``bucket_cap_mb`` sweep (2 ranks, shakespeare, 8 sequences of 256 per rank)
-    next to the model's step time at the same caps, on this machine's link, without overlap."""
+    """The recorded ``bucket_cap_mb`` sweep (2 ranks, shakespeare, 8 sequences of 256
+    per rank) next to the model's step time at the same caps, on this machine's link,
+    without overlap."""
     bench = json.loads(DDP_BENCH.read_text())
     rows_by_name, grads = bench["rows"], gradient_bytes(preset("shakespeare"))
     lab1 = rows_by_name["lab1_single"]["tokens_per_s"]["median"]
@@ -145,10 +185,20 @@ def bucket_sweep(link: Link) -> list[dict]:
         if row.get("bucket_cap_mb") is None:
             continue
         buckets = bucket_sizes(grads, int(row["bucket_cap_mb"] * 2**20))
-        step = ddp_step(tokens / lab1, buckets, row["ranks"], link, overlap=False)["step"]
+        step = ddp_step(tokens / lab1, buckets, row["ranks"], link, overlap=False)[
+            "step"
+        ]
         spread = row["tokens_per_s"]
-        rows.append({"cap": row["bucket_cap_mb"], "buckets": len(buckets), "predicted": tokens / step,
-                     "median": spread["median"], "min": spread["min"], "max": spread["max"]})  # fmt: skip
+        rows.append(
+            {
+                "cap": row["bucket_cap_mb"],
+                "buckets": len(buckets),
+                "predicted": tokens / step,
+                "median": spread["median"],
+                "min": spread["min"],
+                "max": spread["max"],
+            }
+        )
     return rows
 
 
@@ -159,10 +209,23 @@ def efficiency_figure(cfg_name: str = "gpt2", n: int = 8, batches=None):
     cfg, batches = preset(cfg_name), batches or [2**k for k in range(0, 10)]
     fig, ax = plt.subplots(figsize=(7, 4))
     for link, color in zip(GPU_LINKS.values(), ("#3b6ea5", "#e39b4c", "#c0504d")):
-        ax.plot(batches, [efficiency(cfg, b, n, link, GPU_FLOPS) for b in batches], "o-", color=color, label=link.name)
+        ax.plot(
+            batches,
+            [efficiency(cfg, b, n, link, GPU_FLOPS) for b in batches],
+            "o-",
+            color=color,
+            label=link.name,
+        )
     ax.axhline(0.9, color="#999", ls=":", label="90%")
-    ax.set(xscale="log", xlabel=f"sequences of {cfg.block_size} tokens per GPU", ylabel="scaling efficiency")
-    ax.set_title(f"model, not measured: {cfg_name} on {n} H100s at {ASSUMED_MFU:.0%} MFU (bf16)", fontsize=10)
+    ax.set(
+        xscale="log",
+        xlabel=f"sequences of {cfg.block_size} tokens per GPU",
+        ylabel="scaling efficiency",
+    )
+    ax.set_title(
+        f"model, not measured: {cfg_name} on {n} H100s at {ASSUMED_MFU:.0%} MFU (bf16)",
+        fontsize=10,
+    )
     ax.set_xticks(batches, [str(b) for b in batches])
     ax.minorticks_off()
     ax.grid(alpha=0.3)
@@ -176,21 +239,35 @@ NIC_400G = (GPU_LINKS["400 Gb/s network"].alpha, GPU_LINKS["400 Gb/s network"].b
 
 
 def algorithms_figure(sizes=None):
-    """The model's all-reduce time against message size: one node of 8 GPUs, and 4 nodes of 8."""
+    """The model's all-reduce time against message size: one node of 8 GPUs, and 4 nodes
+    of 8."""
     import matplotlib.pyplot as plt
 
     sizes = sizes or [2.0**k for k in range(10, 33)]  # 1 KB ... 4 GB
     panels = [
-        ("one node, 8 GPUs on NVLink", lambda s: allreduce_costs.algorithms_one_node(s, 8, NVLINK)),
-        ("4 nodes x 8 GPUs, a 400 Gb/s NIC per GPU",
-         lambda s: allreduce_costs.algorithms_across_nodes(s, 4, 8, NVLINK, NIC_400G)),
-    ]  # fmt: skip
+        (
+            "one node, 8 GPUs on NVLink",
+            lambda s: allreduce_costs.algorithms_one_node(s, 8, NVLINK),
+        ),
+        (
+            "4 nodes x 8 GPUs, a 400 Gb/s NIC per GPU",
+            lambda s: allreduce_costs.algorithms_across_nodes(
+                s, 4, 8, NVLINK, NIC_400G
+            ),
+        ),
+    ]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, (title, costs) in zip(axes, panels):
         table = [costs(s) for s in sizes]
         for name in table[0]:
-            ax.plot([s / 2**20 for s in sizes], [row[name] * 1e6 for row in table], label=name)
-        ax.set(xscale="log", yscale="log", xlabel="message size (MiB)", ylabel="time (µs)")
+            ax.plot(
+                [s / 2**20 for s in sizes],
+                [row[name] * 1e6 for row in table],
+                label=name,
+            )
+        ax.set(
+            xscale="log", yscale="log", xlabel="message size (MiB)", ylabel="time (µs)"
+        )
         ax.set_title(f"model, not measured: {title}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -199,6 +276,7 @@ def algorithms_figure(sizes=None):
 
 
 def crossover_bytes(costs, first: str, second: str, sizes=None) -> float | None:
-    """The smallest size at which ``second`` becomes faster than ``first`` (None if it never does)."""
+    """The smallest size at which ``second`` becomes faster than ``first`` (None if it
+    never does)."""
     sizes = sizes or [2.0**k for k in range(6, 36)]
     return next((s for s in sizes if costs(s)[second] < costs(s)[first]), None)

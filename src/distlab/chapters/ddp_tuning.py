@@ -1,16 +1,17 @@
 """DDP's flags measured against its defaults, and the cases each one enables or breaks.
 
-The experiments of book/ddp_tuning.md (its first half; the batch and learning-rate runs are in
-``distlab.tools.lr_scaling``). Everything here runs on every rank of a ``run_ranks``
-launch (``flag_costs``) or of an ``observe`` launch (``run_case``/``run_cases``, whose cases may
-fail on purpose and then return the error they caught).
+The experiments of book/ddp_tuning.md (its first half; the batch and learning-rate runs
+are in ``distlab.tools.lr_scaling``). Everything here runs on every rank of a
+``run_ranks`` launch (``flag_costs``) or of an ``observe`` launch
+(``run_case``/``run_cases``, whose cases may fail on purpose and then return the error
+they caught).
 
-Collectives are counted with ``CommDebugMode`` (``torch.distributed.tensor.debug``): it is a
-``TorchDispatchMode`` and sees the c10d ops (``allreduce_``, ``broadcast_``) that DDP's C++
-``Reducer`` issues, as ``distlab.chapters.ddp_in_practice`` does too. Peak bytes come from
-``distlab.memory.StepMemory``: PyTorch's ``MemTracker``, the tracker ``bucket_view_costs`` of
-``ddp_internals`` uses, through the labs' wrapper, watching the second step (where DDP
-allocates its rebuilt buckets).
+Collectives are counted with ``CommDebugMode`` (``torch.distributed.tensor.debug``): it
+is a ``TorchDispatchMode`` and sees the c10d ops (``allreduce_``, ``broadcast_``) that
+DDP's C++ ``Reducer`` issues, as ``distlab.chapters.ddp_in_practice`` does too. Peak
+bytes come from ``distlab.memory.StepMemory``: PyTorch's ``MemTracker``, the tracker
+``bucket_view_costs`` of ``ddp_internals`` uses, through the labs' wrapper, watching the
+second step (where DDP allocates its rebuilt buckets).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ FLAGS: dict[str, dict] = {
     "static_graph": {"static_graph": True},
     "gradient_as_bucket_view": {"gradient_as_bucket_view": True},
 }
-COUNTED_STEPS = 3  # the first steps, whose collectives are counted (and not timed: counting slows them)
+# the first steps, whose collectives are counted (and not timed: counting slows them)
+COUNTED_STEPS = 3
 
 
 def short_op(op) -> str:
@@ -50,29 +52,39 @@ def short_op(op) -> str:
 
 # --- begin flag-costs ---
 def flag_costs(steps: int = 10, batch: int = 4, set_to_none: bool = False) -> dict:
-    """On every rank: the tiny GPT under DDP(**flags) for each of FLAGS, ``steps`` AdamW steps
-    of ``batch`` x 64 tokens per rank, the settings taking turns step by step (so a slow spell
-    of the shared machine hits them all). For each: the collectives of each of the first
-    COUNTED_STEPS steps, the median seconds of the forward and of the whole step over the
-    others, and the peak bytes of tensors in step 2."""
+    """On every rank: the tiny GPT under DDP(**flags) for each of FLAGS, ``steps`` AdamW
+    steps of ``batch`` x 64 tokens per rank, the settings taking turns step by step (so
+    a slow spell of the shared machine hits them all). For each: the collectives of each
+    of the first COUNTED_STEPS steps, the median seconds of the forward and of the whole
+    step over the others, and the peak bytes of tensors in step 2."""
     rank, world_size = rank_world()
     data = token_data()
     runs = {}
     for name, flags in FLAGS.items():
         model = GPT(preset("tiny", vocab_size=data.vocab_size), seed=1337)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        runs[name] = {"model": model, "ddp": DDP(model, **flags), "optimizer": optimizer,
-                      "memory": StepMemory(model, optimizer),  # watches the second step it is told of
-                      "collectives": [], "forward_s": [], "step_s": []}  # fmt: skip
+        runs[name] = {
+            "model": model,
+            "ddp": DDP(model, **flags),
+            "optimizer": optimizer,
+            # watches the second step it is told of
+            "memory": StepMemory(model, optimizer),
+            "collectives": [],
+            "forward_s": [],
+            "step_s": [],
+        }
     block_size = next(iter(runs.values()))["model"].config.block_size
     for step in range(steps):
-        x, y = data.batch("train", step, batch * world_size, block_size, 1337, rank, world_size)
+        x, y = data.batch(
+            "train", step, batch * world_size, block_size, 1337, rank, world_size
+        )
         for run in runs.values():
             counting = step < COUNTED_STEPS
             run["memory"].begin()
             with CommDebugMode() if counting else contextlib.nullcontext() as comms:
                 start = time.perf_counter()
-                loss = run["ddp"](x, y)[1]  # find_unused_parameters walks the autograd graph at its end
+                # find_unused_parameters walks the autograd graph at its end
+                loss = run["ddp"](x, y)[1]
                 forward_end = time.perf_counter()
                 loss.backward()
                 run["optimizer"].step()
@@ -80,7 +92,9 @@ def flag_costs(steps: int = 10, batch: int = 4, set_to_none: bool = False) -> di
             end = time.perf_counter()
             run["memory"].end()
             if counting:
-                run["collectives"].append({short_op(op): n for op, n in comms.get_comm_counts().items()})
+                run["collectives"].append(
+                    {short_op(op): n for op, n in comms.get_comm_counts().items()}
+                )
             else:
                 run["forward_s"].append(forward_end - start)
                 run["step_s"].append(end - start)
@@ -92,7 +106,9 @@ def flag_costs(steps: int = 10, batch: int = 4, set_to_none: bool = False) -> di
             "step_ms": 1e3 * statistics.median(run["step_s"]),
             "timed_steps": len(run["step_s"]),
             "peak_bytes": run["memory"].peak["total"],
-            "grad_bytes": sum(p.numel() * p.element_size() for p in run["model"].parameters()),
+            "grad_bytes": sum(
+                p.numel() * p.element_size() for p in run["model"].parameters()
+            ),
             "loss": run["loss"],
         }
         for name, run in runs.items()
@@ -104,22 +120,29 @@ def flag_costs(steps: int = 10, batch: int = 4, set_to_none: bool = False) -> di
 
 # ---------------------------------------------------------------- the cases
 class TwoLayers(nn.Module):
-    """``a`` then ``b``; ``a`` twice through reentrant checkpointing, or ``b`` skipped, on request."""
+    """``a`` then ``b``; ``a`` twice through reentrant checkpointing, or ``b`` skipped,
+    on request."""
 
     def __init__(self):
         super().__init__()
-        torch.manual_seed(0)  # the same weights on every rank and in the one-process reference
+        # the same weights on every rank and in the one-process reference
+        torch.manual_seed(0)
         self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 1)
 
-    def forward(self, x: torch.Tensor, twice: bool = False, use_b: bool = True) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, twice: bool = False, use_b: bool = True
+    ) -> torch.Tensor:
         h = self.a(x)
-        if twice:  # ``a`` again, inside a reentrant checkpoint: its backward is a backward of its own
+        # ``a`` again, inside a reentrant checkpoint: its backward is a backward of its
+        # own
+        if twice:
             h = checkpoint(self.a, torch.relu(h), use_reentrant=True)
         return self.b(torch.relu(h)) if use_b else h.sum(1, keepdim=True)
 
 
 class BehindAnotherLayer(TwoLayers):
-    """``c`` before ``a``, which is then used twice as in TwoLayers: ``c``'s gradient comes last."""
+    """``c`` before ``a``, which is then used twice as in TwoLayers: ``c``'s gradient
+    comes last."""
 
     def __init__(self):
         super().__init__()
@@ -131,17 +154,26 @@ class BehindAnotherLayer(TwoLayers):
 
 def case_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(10 * step + rank)
-    return torch.randn(4, 4, generator=gen), torch.randn(4, 1, generator=gen)  # (4, 4), (4, 1)
+    # (4, 4), (4, 1)
+    return torch.randn(4, 4, generator=gen), torch.randn(4, 1, generator=gen)
 
 
 def flat_grads(model: nn.Module) -> torch.Tensor:
-    return torch.cat([torch.zeros(p.numel()) if p.grad is None else p.grad.flatten() for p in model.parameters()])
+    return torch.cat(
+        [
+            torch.zeros(p.numel()) if p.grad is None else p.grad.flatten()
+            for p in model.parameters()
+        ]
+    )
 
 
 # --- begin cases ---
-def run_case(report: str, flags: dict, twice: bool = False, use_b: list[bool] | None = None) -> dict:
-    """On every rank: 3 backward passes of TwoLayers under DDP(**flags); ``use_b[i]``: whether
-    step i uses layer ``b``. The averaged gradients of each step, or the error that stopped it."""
+def run_case(
+    report: str, flags: dict, twice: bool = False, use_b: list[bool] | None = None
+) -> dict:
+    """On every rank: 3 backward passes of TwoLayers under DDP(**flags); ``use_b[i]``:
+    whether step i uses layer ``b``. The averaged gradients of each step, or the error
+    that stopped it."""
     rank, _ = rank_world()
     use_b = use_b or [True] * 3
     model = TwoLayers()
@@ -162,9 +194,21 @@ CASES: dict[str, tuple] = {
     "a twice, find_unused_parameters": ({"find_unused_parameters": True}, True, None),
     "a twice, static_graph": ({"static_graph": True}, True, None),
     "b unused, static_graph": ({"static_graph": True}, False, [False] * 3),
-    "b used, then not, static_graph": ({"static_graph": True}, False, [True, False, False]),
-    "b unused, then used, static_graph": ({"static_graph": True}, False, [False, True, True]),
-    "b used, not, used, find_unused_parameters": ({"find_unused_parameters": True}, False, [True, False, True]),
+    "b used, then not, static_graph": (
+        {"static_graph": True},
+        False,
+        [True, False, False],
+    ),
+    "b unused, then used, static_graph": (
+        {"static_graph": True},
+        False,
+        [False, True, True],
+    ),
+    "b used, not, used, find_unused_parameters": (
+        {"find_unused_parameters": True},
+        False,
+        [True, False, True],
+    ),
 }
 
 
@@ -179,10 +223,10 @@ def twice_with_a_bucket_pending(report: str) -> str | None:
 
 
 def run_cases(report: str, names: list[str] | None = None) -> dict:
-    """On every rank: ``run_case`` for each of CASES (or those named), one after the other in one
-    launch, then ``twice_with_a_bucket_pending`` (under the key ``"pending"``). A failed case
-    leaves no collective behind (the Reducer raises before issuing one, the same on every rank),
-    so the next case's DDP starts clean."""
+    """On every rank: ``run_case`` for each of CASES (or those named), one after the
+    other in one launch, then ``twice_with_a_bucket_pending`` (under the key
+    ``"pending"``). A failed case leaves no collective behind (the Reducer raises before
+    issuing one, the same on every rank), so the next case's DDP starts clean."""
     results = {name: run_case(report, *CASES[name]) for name in names or CASES}
     return results | {"pending": twice_with_a_bucket_pending(report)}
 
@@ -190,14 +234,19 @@ def run_cases(report: str, names: list[str] | None = None) -> dict:
 # --- end cases ---
 
 
-def case_reference(world_size: int = 2, twice: bool = False, use_b: list[bool] | None = None) -> list[torch.Tensor]:
-    """One process: each step's gradient of the mean of the ranks' losses (DDP's average)."""
+def case_reference(
+    world_size: int = 2, twice: bool = False, use_b: list[bool] | None = None
+) -> list[torch.Tensor]:
+    """One process: each step's gradient of the mean of the ranks' losses (DDP's
+    average)."""
     model = TwoLayers()
     grads = []
     for step, with_b in enumerate(use_b or [True] * 3):
         model.zero_grad(set_to_none=True)
         loss = sum(
-            F.mse_loss(model(*case_batch(step, r)[:1], twice, with_b), case_batch(step, r)[1])
+            F.mse_loss(
+                model(*case_batch(step, r)[:1], twice, with_b), case_batch(step, r)[1]
+            )
             for r in range(world_size)
         )
         (loss / world_size).backward()

@@ -1,9 +1,11 @@
-"""Failures of distributed training reproduced on purpose: the experiments of the debugging page.
+"""Failures of distributed training reproduced on purpose: the experiments of the
+debugging page.
 
 The page runs each ``*_demo`` here on 2 gloo ranks with a process-group timeout of a few
-seconds, through ``distlab.infra.observe`` (``observe(dying_rank_demo, pg_timeout=2)``), so each
-failure ends quickly instead of hanging. The tools that find the causes (``Lockstep``,
-``check_replicas``, the flight recorder's dump and analyser) are in ``distlab.tools.debug``.
+seconds, through ``distlab.infra.observe`` (``observe(dying_rank_demo, pg_timeout=2)``),
+so each failure ends quickly instead of hanging. The tools that find the causes
+(``Lockstep``, ``check_replicas``, the flight recorder's dump and analyser) are in
+``distlab.tools.debug``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ import torch.nn as nn
 
 from distlab.infra.observe import caught, note, stuck
 from distlab.runtime import init_distributed
-from distlab.tools.debug import Lockstep, check_replicas, dump_flight_recorder, flight_recorder_entries
+from distlab.tools.debug import (
+    Lockstep,
+    check_replicas,
+    dump_flight_recorder,
+    flight_recorder_entries,
+)
 
 
 # ---------------------------------------------------------------- a rank that dies
@@ -32,7 +39,8 @@ def dying_rank_demo(report: str, steps: int = 4) -> str:
     for step in range(steps):
         loss = torch.tensor([2.0 - 0.1 * step])  # stands in for this rank's loss
         if dist.get_rank() == 1 and step == 2:
-            os.kill(os.getpid(), signal.SIGKILL)  # what the kernel's out-of-memory killer does
+            # what the kernel's out-of-memory killer does
+            os.kill(os.getpid(), signal.SIGKILL)
         with caught(report) as failed:
             dist.all_reduce(loss)
         if failed.error:
@@ -78,7 +86,9 @@ def backend_name() -> str:
     return type(pg._get_backend(torch.device("cpu"))).__name__
 
 
-def metrics_demo(report: str, timeout_s: float, reread_debug_env: bool, lockstep: bool) -> dict:
+def metrics_demo(
+    report: str, timeout_s: float, reread_debug_env: bool, lockstep: bool
+) -> dict:
     """Rank 0 reduces (loss, grad norm), rank 1 (grad norm, loss): what does each log?"""
     join_group(timeout_s, reread_debug_env)
     try:
@@ -90,7 +100,9 @@ def metrics_demo(report: str, timeout_s: float, reread_debug_env: bool, lockstep
         loss = torch.tensor([2.10, 2.14][rank])  # plausible values for a small GPT
         grad_norm = torch.tensor([0.84, 0.92][rank])
         with caught(report) as failed:
-            seen["logged"] = log_metrics(loss, grad_norm, all_reduce, swapped=(rank == 1))
+            seen["logged"] = log_metrics(
+                loss, grad_norm, all_reduce, swapped=(rank == 1)
+            )
         return {**seen, "error": failed.error}
     finally:
         dist.destroy_process_group()
@@ -100,7 +112,8 @@ def lockstep_cost(repeats: int = 100) -> dict:
     """Seconds per all-reduce of one number, plain and with the lockstep check."""
     checked = Lockstep().wrap(dist.all_reduce)
     times = {}
-    for name, all_reduce in (("plain", dist.all_reduce), ("lockstep", checked)) * 2:  # 2nd round counts
+    # 2nd round counts
+    for name, all_reduce in (("plain", dist.all_reduce), ("lockstep", checked)) * 2:
         x = torch.ones(1)
         dist.barrier()
         start = time.perf_counter()
@@ -121,27 +134,36 @@ class TwoBlocks(nn.Module):
     def forward(self, x):  # (B, 4)
         # data-dependent control flow: backward then finishes the two gradients in the
         # opposite order on a rank whose batch went the other way
-        return self.b(torch.tanh(self.a(x))) if x.mean() > 0 else self.a(torch.tanh(self.b(x)))
+        return (
+            self.b(torch.tanh(self.a(x)))
+            if x.mean() > 0
+            else self.a(torch.tanh(self.b(x)))
+        )
 
 
 def replicas_demo(report: str, wrapper: str, steps: int = 3, lr: float = 0.1) -> dict:
-    """Train TwoBlocks under our HookDDP or torch's DDP, the ranks taking different branches."""
+    """Train TwoBlocks under our HookDDP or torch's DDP, the ranks taking different
+    branches."""
     from distlab.scratch.ddp import HookDDP
 
     rank = dist.get_rank()
     torch.manual_seed(0)
     if wrapper == "HookDDP":
         model = HookDDP(TwoBlocks())
-    else:  # imported here: torch's DDP module imports torch._dynamo, seconds on a small CPU
+    # imported here: torch's DDP module imports torch._dynamo, seconds on a small CPU
+    else:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = DDP(TwoBlocks())
     data = torch.Generator().manual_seed(rank)
     for step in range(steps):
-        x = torch.randn(8, 4, generator=data).abs() * (1 if rank == 0 else -1)  # rank 1: mean < 0
+        # rank 1: mean < 0
+        x = torch.randn(8, 4, generator=data).abs() * (1 if rank == 0 else -1)
         model.zero_grad()
-        model(x).square().mean().backward()  # HookDDP all-reduces each gradient as it finishes
-        with torch.no_grad():  # plain SGD (torch.optim's first step imports torch._dynamo: seconds)
+        # HookDDP all-reduces each gradient as it finishes
+        model(x).square().mean().backward()
+        # plain SGD (torch.optim's first step imports torch._dynamo: seconds)
+        with torch.no_grad():
             for p in model.parameters():
                 p.sub_(lr * p.grad)
         with caught(report) as failed:
@@ -171,7 +193,8 @@ def shapes_demo(report: str, timeout_s: float, reread_debug_env: bool) -> dict:
         labels = torch.arange(8) if dist.get_rank() == 0 else torch.arange(6)
         with caught(report) as failed:
             class_counts(labels)
-            dist.barrier()  # a rank whose all-reduce "worked" while its peer's failed fails here
+            # a rank whose all-reduce "worked" while its peer's failed fails here
+            dist.barrier()
         return {**seen, "error": failed.error, "waited_s": failed.waited_s}
     finally:
         dist.destroy_process_group()
@@ -179,7 +202,8 @@ def shapes_demo(report: str, timeout_s: float, reread_debug_env: bool) -> dict:
 
 # ---------------------------------------------------------------- monitored barrier
 def late_rank_demo(report: str, late_s: float, barrier_timeout_s: float) -> dict:
-    """Rank 1 arrives ``late_s`` late at a monitored barrier that waits ``barrier_timeout_s``."""
+    """Rank 1 arrives ``late_s`` late at a monitored barrier that waits
+    ``barrier_timeout_s``."""
     if dist.get_rank() == 1:
         stuck(late_s)  # still loading its shard of the data, say
     with caught(report) as failed:
@@ -189,7 +213,8 @@ def late_rank_demo(report: str, late_s: float, barrier_timeout_s: float) -> dict
 
 # ---------------------------------------------------------------- where is it stuck?
 def wait_for_data(seconds: float, release: Path | None = None) -> None:
-    """Where rank 1 is stuck, named so in stack dumps: ``seconds``, or until the file ``release`` exists."""
+    """Where rank 1 is stuck, named so in stack dumps: ``seconds``, or until the file
+    ``release`` exists."""
     end = time.monotonic() + seconds
     while time.monotonic() < end and not (release and release.exists()):
         time.sleep(0.05)
@@ -197,9 +222,11 @@ def wait_for_data(seconds: float, release: Path | None = None) -> None:
 
 # --- begin stacks ---
 def hung_job_demo(report: str, watchdog_s: float, stuck_s: float) -> dict:
-    """Rank 0 waits in an all-reduce for rank 1, stuck in ``wait_for_data`` until ``report``/release exists."""
+    """Rank 0 waits in an all-reduce for rank 1, stuck in ``wait_for_data`` until
+    ``report``/release exists."""
     rank = dist.get_rank()
-    stacks = open(Path(report, f"stacks{rank}.txt"), "w")  # stays open: the handlers write to it
+    # stays open: the handlers write to it
+    stacks = open(Path(report, f"stacks{rank}.txt"), "w")
     # `kill -USR1 <pid>` now prints every thread's Python stack, and the rank goes on
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     note(report, pid=os.getpid())
@@ -234,7 +261,8 @@ def recorded_job_demo(report: str, stuck_s: float, steps: int = 3) -> dict:
 
 
 def nccl_recorder_demo(report: str) -> list:
-    """One GPU rank: a few NCCL all-reduces with the flight recorder on; its entries back."""
+    """One GPU rank: a few NCCL all-reduces with the flight recorder on; its entries
+    back."""
     for size in (4, 1024, 4):
         dist.all_reduce(torch.ones(size, device="cuda"))
     torch.cuda.synchronize()
@@ -245,19 +273,21 @@ def nccl_recorder_demo(report: str) -> list:
 def exit_demo(report: str, free_model_first: bool, peer_delay_s: float = 2.0) -> dict:
     """Rank 0 destroys its group while a gloo worker still owns a Python tensor.
 
-    ``dist.destroy_process_group()`` forgets the group, but a DDP model still holds it (through
-    its C++ reducer), so the group is really destroyed later, when the model is freed. Freed
-    from there, torch 2.13 destroys a gloo group while holding Python's GIL; the destructor
-    waits for gloo's worker threads, and a worker that is releasing the last reference to a
-    tensor made in Python needs the GIL to do so: a deadlock. Destroyed from Python
-    (``destroy_process_group`` dropping the last reference), the GIL is released while it waits.
-    Rank 1 joins the all-reduce ``peer_delay_s`` late, so rank 0 is certainly destroying its
-    group while the worker still has the tensor (in a real run, a race that a loaded machine
-    loses now and then: 8 of 133 short lab 2 launches, two at a time on 2 cores, before the labs
-    freed their model first). Returns the teardown's duration and end, and how often a Python
-    thread ran meanwhile; notes when rank 0's teardown started and when rank 1 arrived.
+    ``dist.destroy_process_group()`` forgets the group, but a DDP model still holds it
+    (through its C++ reducer), so the group is really destroyed later, when the model is
+    freed. Freed from there, torch 2.13 destroys a gloo group while holding Python's
+    GIL; the destructor waits for gloo's worker threads, and a worker that is releasing
+    the last reference to a tensor made in Python needs the GIL to do so: a deadlock.
+    Destroyed from Python (``destroy_process_group`` dropping the last reference), the
+    GIL is released while it waits. Rank 1 joins the all-reduce ``peer_delay_s`` late,
+    so rank 0 is certainly destroying its group while the worker still has the tensor
+    (in a real run, a race that a loaded machine loses now and then: 8 of 133 short lab
+    2 launches, two at a time on 2 cores, before the labs freed their model first).
+    Returns the teardown's duration and end, and how often a Python thread ran
+    meanwhile; notes when rank 0's teardown started and when rank 1 arrived.
     """
-    from torch.nn.parallel import DistributedDataParallel as DDP  # imports torch._dynamo: seconds
+    # imports torch._dynamo: seconds
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
@@ -265,7 +295,8 @@ def exit_demo(report: str, free_model_first: bool, peer_delay_s: float = 2.0) ->
     model = DDP(nn.Linear(4, 4))  # its reducer holds a reference to the group
     if rank == 1:
         stuck(peer_delay_s)
-        note(report, arrived=time.monotonic())  # one clock for every process of this machine
+        # one clock for every process of this machine
+        note(report, arrived=time.monotonic())
     work = dist.all_reduce(torch.ones(4), async_op=True)
     if rank == 1:
         work.wait()
@@ -289,12 +320,20 @@ def exit_demo(report: str, free_model_first: bool, peer_delay_s: float = 2.0) ->
     note(report, teardown_started=start)
     # --- begin exit order ---
     if free_model_first:
-        del model  # the reducer lets go; the group is still registered, so nothing is destroyed yet
-        dist.destroy_process_group()  # the last reference, dropped from Python: GIL released
+        # the reducer lets go; the group is still registered, so nothing is destroyed
+        # yet
+        del model
+        # the last reference, dropped from Python: GIL released
+        dist.destroy_process_group()
     else:
-        dist.destroy_process_group()  # the tutorial order: the group lives on in the reducer ...
+        # the tutorial order: the group lives on in the reducer ...
+        dist.destroy_process_group()
         del model  # ... and is destroyed here, GIL held: hangs
     # --- end exit order ---
     end = time.monotonic()
     done.set()
-    return {"teardown_s": end - start, "teardown_ended": end, "python_ticks_during_teardown": ticks}
+    return {
+        "teardown_s": end - start,
+        "teardown_ended": end,
+        "python_ticks_during_teardown": ticks,
+    }

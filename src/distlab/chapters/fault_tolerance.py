@@ -1,9 +1,11 @@
-r"""Real faults at chosen moments: stall a lab inside a checkpoint save, or SIGKILL a torchrun worker.
+r"""Real faults at chosen moments: stall a lab inside a checkpoint save, or SIGKILL a
+torchrun worker.
 
-A save that is killed half-way must leave the previous checkpoint loadable. To kill a save
-half-way every time (not when a race happens to allow it), this runs a lab with one of the
-save's steps made to wait; rank 0 writes its process id to MARKER when it gets there, and the
-caller kills that process for real (SIGKILL: no handler, no clean-up, as a lost node):
+A save that is killed half-way must leave the previous checkpoint loadable. To kill a
+save half-way every time (not when a race happens to allow it), this runs a lab with one
+of the save's steps made to wait; rank 0 writes its process id to MARKER when it gets
+there, and the caller kills that process for real (SIGKILL: no handler, no clean-up, as
+a lost node):
 
     python src/examples/stall_save.py --stall before-rename --save 2 --marker M \
         src/labs/lab2_ddp.py --checkpoint-every 2 ...
@@ -27,9 +29,11 @@ import psutil
 
 from distlab.infra.forked_torchrun import TORCHRUN, start_node
 
-# where in a save rank 0 waits; Checkpoints.save runs dcp.save, then writes train_state.json and renames
+# where in a save rank 0 waits; Checkpoints.save runs dcp.save, then writes
+# train_state.json and renames
 STALLS = {
-    # DCP's coordinator (rank 0) writes .metadata after every rank has written its shard file
+    # DCP's coordinator (rank 0) writes .metadata after every rank has written its shard
+    # file
     "before-metadata": "every rank's shard file written, .metadata not yet",
     # the DCP checkpoint is complete, but the folder still has its .partial name
     "before-rename": "shards and .metadata written, train_state.json not yet, still .partial",
@@ -37,14 +41,19 @@ STALLS = {
 
 
 def stall_on(save_number: int, where: str, marker: Path) -> None:
-    """Make rank 0 wait, forever, at ``where`` in its ``save_number``-th checkpoint save."""
+    """Make rank 0 wait, forever, at ``where`` in its ``save_number``-th checkpoint
+    save."""
     from torch.distributed.checkpoint import FileSystemWriter
 
     from distlab.checkpoint import Checkpoints
 
     if where not in STALLS:
         raise SystemExit(f"--stall must be one of {', '.join(STALLS)}, not {where!r}")
-    owner, name = (FileSystemWriter, "finish") if where == "before-metadata" else (Checkpoints, "_train_state")
+    owner, name = (
+        (FileSystemWriter, "finish")
+        if where == "before-metadata"
+        else (Checkpoints, "_train_state")
+    )
     original, calls = getattr(owner, name), [0]
 
     def patched(*args, **kwargs):
@@ -59,12 +68,16 @@ def stall_on(save_number: int, where: str, marker: Path) -> None:
 
 
 def kill_when_stalled(
-    marker: Path, timeout: float = 120, ready: Callable[[], bool] | None = None, stop: threading.Event | None = None
+    marker: Path,
+    timeout: float = 120,
+    ready: Callable[[], bool] | None = None,
+    stop: threading.Event | None = None,
 ) -> threading.Thread:
-    """Start a thread that SIGKILLs the process whose pid ``stall_on`` writes to ``marker``,
-    as soon as it is there (or gives up after ``timeout`` seconds, or once ``stop`` is set);
-    join it after the run. With ``ready``, the kill also waits (up to 10 s) until ``ready()``
-    is true, e.g. until another rank has finished its part of the save."""
+    """Start a thread that SIGKILLs the process whose pid ``stall_on`` writes to
+    ``marker``, as soon as it is there (or gives up after ``timeout`` seconds, or once
+    ``stop`` is set); join it after the run. With ``ready``, the kill also waits (up to
+    10 s) until ``ready()`` is true, e.g. until another rank has finished its part of
+    the save."""
 
     def watch():
         deadline = time.monotonic() + timeout
@@ -82,11 +95,14 @@ def kill_when_stalled(
     return killer
 
 
-def torchrun_worker(agent_pid: int, rank: int, logs: str | Path, attempt: int = 0) -> int | None:
-    """The pid of global rank ``rank`` (one node: its local rank) in attempt ``attempt`` of a
-    torchrun agent (process ``agent_pid``) started with ``--tee`` and ``--log-dir logs``: the
-    agent's child whose stdout is that rank's log file, ``logs/<run>/attempt_N/<rank>/stdout.log``
-    (torchrun's layout). A forked worker's environment cannot tell: /proc shows the agent's."""
+def torchrun_worker(
+    agent_pid: int, rank: int, logs: str | Path, attempt: int = 0
+) -> int | None:
+    """The pid of global rank ``rank`` (one node: its local rank) in attempt ``attempt``
+    of a torchrun agent (process ``agent_pid``) started with ``--tee`` and ``--log-dir
+    logs``: the agent's child whose stdout is that rank's log file,
+    ``logs/<run>/attempt_N/<rank>/stdout.log`` (torchrun's layout). A forked worker's
+    environment cannot tell: /proc shows the agent's."""
     wanted = f"{os.sep}attempt_{attempt}{os.sep}{rank}{os.sep}stdout.log"
     for child in psutil.Process(agent_pid).children():
         try:
@@ -112,19 +128,21 @@ def torchrun_killing_a_rank(
     max_restarts: int = 1,
     timeout: float = 180,
 ) -> tuple[int, list[tuple[float, str]]]:
-    """Run ``torchrun --standalone --max-restarts`` on ``script``; SIGKILL global rank ``rank``
-    as soon as the path ``after`` exists (say, the first checkpoint). Returns torchrun's exit
-    code and its output lines (each rank's without torchrun's ``[default0]:`` prefix), each with
-    the seconds since the start; a ``KILLED`` line marks the kill. Everything is killed if it has
-    not finished after ``timeout`` seconds.
+    """Run ``torchrun --standalone --max-restarts`` on ``script``; SIGKILL global rank
+    ``rank`` as soon as the path ``after`` exists (say, the first checkpoint). Returns
+    torchrun's exit code and its output lines (each rank's without torchrun's
+    ``[default0]:`` prefix), each with the seconds since the start; a ``KILLED`` line
+    marks the kill. Everything is killed if it has not finished after ``timeout``
+    seconds.
 
-    torchrun forks its workers from itself and runs the script in them (``--start-method=fork
-    --run-path``): the same agent, rendezvous, store and restarts as with a fresh Python per
-    worker, without importing torch again in each of them (seconds of CPU per worker). The
-    agent itself is forked from the launchers' forkserver (``distlab.infra.forked_torchrun``),
-    which has imported torch and torch._dynamo (which DDP imports), so the workers start with
-    them. They compute with the threads run_script gives its ranks, so that a run this
-    restarts computes like one that run_script ran, bit for bit."""
+    torchrun forks its workers from itself and runs the script in them
+    (``--start-method=fork --run-path``): the same agent, rendezvous, store and restarts
+    as with a fresh Python per worker, without importing torch again in each of them
+    (seconds of CPU per worker). The agent itself is forked from the launchers'
+    forkserver (``distlab.infra.forked_torchrun``), which has imported torch and
+    torch._dynamo (which DDP imports), so the workers start with them. They compute with
+    the threads run_script gives its ranks, so that a run this restarts computes like
+    one that run_script ran, bit for bit."""
     start = time.monotonic()
     logs = tempfile.mkdtemp(prefix="torchrun-logs-")
     output = Path(logs) / "torchrun.out"
@@ -137,12 +155,17 @@ def torchrun_killing_a_rank(
         "--monitor-interval=0.1",
         "--start-method=fork",
         "--run-path",
-        "--tee=3",  # each rank's output into a file of its own (which names its rank), and on to ours
+        # each rank's output into a file of its own (which names its rank), and on to
+        # ours
+        "--tee=3",
         f"--log-dir={logs}",
         str(script),
         *map(str, args),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nprocs))}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nprocs)),
+    }
     agent = start_node(command, output, output, env=env, cwd=os.getcwd())
     lines: list[tuple[float, str]] = []
     finished = threading.Event()
@@ -152,7 +175,9 @@ def torchrun_killing_a_rank(
             while True:
                 line = f.readline()
                 if line.endswith("\n"):
-                    lines.append((time.monotonic() - start, _TEE_PREFIX.sub("", line.rstrip())))
+                    lines.append(
+                        (time.monotonic() - start, _TEE_PREFIX.sub("", line.rstrip()))
+                    )
                 elif finished.is_set():
                     return
                 else:
@@ -164,20 +189,29 @@ def torchrun_killing_a_rank(
         victim = None
         while victim is None:
             if agent.poll() is not None:
-                raise RuntimeError(f"torchrun ended (exit code {agent.returncode}) before {after} appeared")
+                raise RuntimeError(
+                    f"torchrun ended (exit code {agent.returncode}) before "
+                    f"{after} appeared"
+                )
             if time.monotonic() - start > timeout:
                 raise TimeoutError(f"{after} did not appear within {timeout} s")
             if Path(after).exists():
                 victim = torchrun_worker(agent.pid, rank, logs)
             time.sleep(0.01)
         kill(victim)
-        lines.append((time.monotonic() - start, f"KILLED rank {rank} (pid {victim}) with SIGKILL"))
+        lines.append(
+            (
+                time.monotonic() - start,
+                f"KILLED rank {rank} (pid {victim}) with SIGKILL",
+            )
+        )
         deadline = start + timeout
         while agent.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         if agent.poll() is None:
-            os.killpg(agent.pid, signal.SIGKILL)  # the agent and every worker it started
+            # the agent and every worker it started
+            os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
         finished.set()
         reader.join(timeout=10)

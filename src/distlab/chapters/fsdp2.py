@@ -1,7 +1,9 @@
-"""Look inside FSDP2 on our GPT: shards, collectives, dtypes, memory and speed, per rank.
+"""Look inside FSDP2 on our GPT: shards, collectives, dtypes, memory and speed, per
+rank.
 
-Every function here runs on each rank of a process group (through ``distlab.infra.launch.run_ranks``)
-and returns plain Python data for the FSDP2 chapter and ``distlab.bench.fsdp``:
+Every function here runs on each rank of a process group (through
+``distlab.infra.launch.run_ranks``) and returns plain Python data for the FSDP2 chapter
+and ``distlab.bench.fsdp``:
 
     run_ranks(shard_table, nprocs=2)                  # each parameter's global and local shape
     run_ranks(step_trace, nprocs=2, args=("tiny",))   # FSDP2's own profiler ranges, one step
@@ -10,8 +12,8 @@ and returns plain Python data for the FSDP2 chapter and ``distlab.bench.fsdp``:
     run_ranks(different_seeds, nprocs=2)              # the pitfall: a model stitched from two builds
     run_ranks(train, nprocs=2, args=("fsdp2",))       # losses, bytes per rank, tokens/s
 
-Strategies (``STRATEGIES``, names from ``distlab.infra.experiment``): ``single``, ``ddp``,
-``fsdp2``, ``fsdp2-no-reshard``, ``fsdp2-bf16`` and ``hsdp``.
+Strategies (``STRATEGIES``, names from ``distlab.infra.experiment``): ``single``,
+``ddp``, ``fsdp2``, ``fsdp2-no-reshard``, ``fsdp2-bf16`` and ``hsdp``.
 """
 
 from __future__ import annotations
@@ -35,10 +37,16 @@ STRATEGIES = ("single", "ddp", "fsdp2", "fsdp2-no-reshard", "fsdp2-bf16", "hsdp"
 
 
 def shard_table(preset_name: str = "tiny", strategy: str = "fsdp2") -> list[dict]:
-    """For each parameter: its name, global shape, this rank's local shape and placements."""
+    """For each parameter: its name, global shape, this rank's local shape and
+    placements."""
     model = build(strategy, preset_name).model
     return [
-        {"name": name, "global": tuple(p.shape), "local": tuple(p.to_local().shape), "placements": str(p.placements)}
+        {
+            "name": name,
+            "global": tuple(p.shape),
+            "local": tuple(p.to_local().shape),
+            "placements": str(p.placements),
+        }
         for name, p in model.named_parameters()
     ]
 
@@ -52,9 +60,10 @@ def train(
     lr: float = 1e-3,
     track_peak: bool = False,
 ) -> dict:
-    """``experiment.train``: global mean losses, step times, ``state_bytes`` per rank (counted
-    from the tensors after the first step); and ``peak``: with ``track_peak``, the peak
-    bytes PyTorch's memory tracker saw during the last step, by kind (else None)."""
+    """``experiment.train``: global mean losses, step times, ``state_bytes`` per rank
+    (counted from the tensors after the first step); and ``peak``: with ``track_peak``,
+    the peak bytes PyTorch's memory tracker saw during the last step, by kind (else
+    None)."""
     peak: dict[str, int] = {}
 
     def track_the_last_step(exp, step):
@@ -62,13 +71,22 @@ def train(
             return _peak_bytes(exp.model, exp.optimizer, strategy, peak)
         return contextlib.nullcontext()
 
-    result = experiment.train(strategy, preset_name, steps, global_batch, seed, lr, around_step=track_the_last_step)
+    result = experiment.train(
+        strategy,
+        preset_name,
+        steps,
+        global_batch,
+        seed,
+        lr,
+        around_step=track_the_last_step,
+    )
     return {**result, "peak": peak or None}
 
 
 @contextlib.contextmanager
 def _peak_bytes(model, optimizer, strategy: str, into: dict):
-    """Peak bytes by kind during the block, from PyTorch's (private, CPU-capable) memory trackers."""
+    """Peak bytes by kind during the block, from PyTorch's (private, CPU-capable) memory
+    trackers."""
     if strategy.startswith("fsdp2") or strategy == "hsdp":
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker as Tracker
     else:
@@ -82,16 +100,24 @@ def _peak_bytes(model, optimizer, strategy: str, into: dict):
     tracker = Tracker(model, optimizer)
     with tracker:
         yield
-    peak = tracker_snapshot(tracker, "peak", next(model.parameters()).device)  # not the CPU's, on a GPU
+    # not the CPU's, on a GPU
+    peak = tracker_snapshot(tracker, "peak", next(model.parameters()).device)
     into.update({str(kind): int(n) for kind, n in peak.items()})
 
 
-def step_trace(preset_name: str = "tiny", reshard_after_forward: bool = True, global_batch: int = 8) -> list:
-    """One training step under the profiler: FSDP2's named ranges and the backend's collectives
-    ("gloo:...", "nccl:..."), (name, start, end) in ms from the step's start, for the timeline."""
+def step_trace(
+    preset_name: str = "tiny", reshard_after_forward: bool = True, global_batch: int = 8
+) -> list:
+    """One training step under the profiler: FSDP2's named ranges and the backend's
+    collectives ("gloo:...", "nccl:..."), (name, start, end) in ms from the step's
+    start, for the timeline."""
     from torch.profiler import ProfilerActivity, profile
 
-    exp = build("fsdp2" if reshard_after_forward else "fsdp2-no-reshard", preset_name, global_batch)
+    exp = build(
+        "fsdp2" if reshard_after_forward else "fsdp2-no-reshard",
+        preset_name,
+        global_batch,
+    )
     exp.backward(exp.loss(0))  # warm-up: the first step also builds FSDP2's lazy state
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         exp.backward(exp.loss(0))
@@ -104,14 +130,21 @@ def step_trace(preset_name: str = "tiny", reshard_after_forward: bool = True, gl
     ]
 
 
-COLLECTIVES = {"all-gathers": "_allgather_base_", "reduce-scatters": "_reduce_scatter_base_"}  # c10d's names
+# c10d's names
+COLLECTIVES = {
+    "all-gathers": "_allgather_base_",
+    "reduce-scatters": "_reduce_scatter_base_",
+}
 
 
-def resharding(blocks: bool = True, root: bool | None = False, preset_name: str = "tiny") -> dict:
-    """``fully_shard`` with ``reshard_after_forward=blocks`` on each block and ``root`` on the
-    root (None: left unset). Returns which units hold whole parameters right after forward,
-    their bytes, and the all-gathers and reduce-scatters of one step's forward and backward,
-    counted by torch's ``CommDebugMode`` (the step after a warm-up step)."""
+def resharding(
+    blocks: bool = True, root: bool | None = False, preset_name: str = "tiny"
+) -> dict:
+    """``fully_shard`` with ``reshard_after_forward=blocks`` on each block and ``root``
+    on the root (None: left unset). Returns which units hold whole parameters right
+    after forward, their bytes, and the all-gathers and reduce-scatters of one step's
+    forward and backward, counted by torch's ``CommDebugMode`` (the step after a warm-up
+    step)."""
     import warnings
 
     from torch.distributed.fsdp import fully_shard
@@ -123,28 +156,40 @@ def resharding(blocks: bool = True, root: bool | None = False, preset_name: str 
     for block in model.blocks:
         fully_shard(block, reshard_after_forward=blocks)
     fully_shard(model, **({} if root is None else {"reshard_after_forward": root}))
-    x, y = token_data().batch("train", 0, 2 * world_size, model.config.block_size, 0, rank, world_size, device)
-    model(x, y)[1].backward()  # warm-up: FSDP2 decides which unit is the root on the first forward
+    x, y = token_data().batch(
+        "train", 0, 2 * world_size, model.config.block_size, 0, rank, world_size, device
+    )
+    # warm-up: FSDP2 decides which unit is the root on the first forward
+    model(x, y)[1].backward()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # CommDebugMode's module hooks warn that token ids need no gradient
+        # CommDebugMode's module hooks warn that token ids need no gradient
+        warnings.simplefilter("ignore")
         with CommDebugMode() as forward:
             loss = model(x, y)[1]
-        whole = {}  # a unit that kept its parameters whole shows plain tensors now, not DTensor shards
+        # a unit that kept its parameters whole shows plain tensors now, not DTensor
+        # shards
+        whole = {}
         for name, p in model.named_parameters():
-            unit = ".".join(name.split(".")[:2]) if name.startswith("blocks.") else "root"
-            whole[unit] = whole.get(unit, 0) + (0 if hasattr(p, "to_local") else p.numel() * p.element_size())
+            unit = (
+                ".".join(name.split(".")[:2]) if name.startswith("blocks.") else "root"
+            )
+            whole[unit] = whole.get(unit, 0) + (
+                0 if hasattr(p, "to_local") else p.numel() * p.element_size()
+            )
         with CommDebugMode() as backward:
             loss.backward()
     counts = {}
     for phase, comm in (("forward", forward), ("backward", backward)):
         seen = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
-        counts.update({f"{phase} {kind}": seen.get(op, 0) for kind, op in COLLECTIVES.items()})
+        counts.update(
+            {f"{phase} {kind}": seen.get(op, 0) for kind, op in COLLECTIVES.items()}
+        )
     return {"whole_after_forward": whole, **counts}
 
 
 def _note(into: dict, key: str, pick: Callable) -> Callable:
-    """A module hook that notes ``pick(*hook arguments)`` under ``key`` once and changes nothing
-    (a hook that returns a value replaces the module's inputs or output)."""
+    """A module hook that notes ``pick(*hook arguments)`` under ``key`` once and changes
+    nothing (a hook that returns a value replaces the module's inputs or output)."""
 
     def hook(*args) -> None:
         into.setdefault(key, pick(*args))
@@ -153,11 +198,22 @@ def _note(into: dict, key: str, pick: Callable) -> Callable:
 
 
 def mixed_precision_dtypes(preset_name: str = "tiny") -> dict[str, str]:
-    """The dtype of each kind of tensor in one training step under ``apply_fsdp(param_dtype=bf16)``."""
+    """The dtype of each kind of tensor in one training step under
+    ``apply_fsdp(param_dtype=bf16)``."""
     exp = build("fsdp2-bf16", preset_name)
     qkv, seen = exp.model.blocks[0].attn.qkv, {}
-    qkv.register_forward_pre_hook(_note(seen, "parameter inside forward", lambda m, inputs: m.weight.dtype))
-    x, y = exp.data.batch("train", 0, exp.global_batch, exp.model.config.block_size, 0, exp.rank, exp.world_size)
+    qkv.register_forward_pre_hook(
+        _note(seen, "parameter inside forward", lambda m, inputs: m.weight.dtype)
+    )
+    x, y = exp.data.batch(
+        "train",
+        0,
+        exp.global_batch,
+        exp.model.config.block_size,
+        0,
+        exp.rank,
+        exp.world_size,
+    )
     logits, loss = exp.model(x.to(exp.device), y.to(exp.device))
     loss.backward()
     exp.optimizer.step()
@@ -187,7 +243,8 @@ def op_dtypes(mechanism: str = "policy", preset_name: str = "tiny") -> list[dict
         enabled = mechanism == "autocast"
         return torch.autocast(exp.device.type, torch.bfloat16, enabled=enabled)
 
-    for step in (0, 1):  # the first builds FSDP2's lazy state and AdamW's moments; record the second
+    # the first builds FSDP2's lazy state and AdamW's moments; record the second
+    for step in (0, 1):
         ops = OpDtypes() if step else contextlib.nullcontext()
         with ops:
             with autocast():
@@ -200,18 +257,28 @@ def op_dtypes(mechanism: str = "policy", preset_name: str = "tiny") -> list[dict
     return ops.rows()
 
 
-# (label, the blocks' and the root's MixedPrecisionPolicy fields beyond param_dtype=bf16, reduce_dtype=fp32)
+# (label, the blocks' and the root's MixedPrecisionPolicy fields beyond
+# param_dtype=bf16, reduce_dtype=fp32)
 POLICY_VARIANTS = [
     ("the labs' policy", {}, {}),
-    ("cast_forward_inputs=False", {"cast_forward_inputs": False}, {"cast_forward_inputs": False}),
+    (
+        "cast_forward_inputs=False",
+        {"cast_forward_inputs": False},
+        {"cast_forward_inputs": False},
+    ),
     ("output_dtype=fp32 on the root", {}, {"output_dtype": torch.float32}),
-    ("output_dtype=fp32 on every unit", {"output_dtype": torch.float32}, {"output_dtype": torch.float32}),
+    (
+        "output_dtype=fp32 on every unit",
+        {"output_dtype": torch.float32},
+        {"output_dtype": torch.float32},
+    ),
 ]
 
 
 def policy_variants(preset_name: str = "tiny") -> list[dict]:
-    """What ``output_dtype`` and ``cast_forward_inputs`` change (``POLICY_VARIANTS``): the dtypes
-    that cross the unit boundaries in one forward, or the error the forward stops with."""
+    """What ``output_dtype`` and ``cast_forward_inputs`` change (``POLICY_VARIANTS``):
+    the dtypes that cross the unit boundaries in one forward, or the error the forward
+    stops with."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     rank, world_size = rank_world()
@@ -220,52 +287,85 @@ def policy_variants(preset_name: str = "tiny") -> list[dict]:
     for label, for_blocks, for_root in POLICY_VARIANTS:
         model = gpt(preset_name).to(device)
         for block in model.blocks:
-            fully_shard(block, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32, **for_blocks))
-        fully_shard(model, mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32, **for_root))
+            fully_shard(
+                block,
+                mp_policy=MixedPrecisionPolicy(
+                    torch.bfloat16, torch.float32, **for_blocks
+                ),
+            )
+        fully_shard(
+            model,
+            mp_policy=MixedPrecisionPolicy(torch.bfloat16, torch.float32, **for_root),
+        )
         row = {"policy": label}
-        # FSDP2's own hooks run first (its pre-hook is prepended): these see the dtypes after its casts
-        model.blocks[0].register_forward_hook(_note(row, "block 0 returns", lambda m, inputs, out: out.dtype))
+        # FSDP2's own hooks run first (its pre-hook is prepended): these see the dtypes
+        # after its casts
+        model.blocks[0].register_forward_hook(
+            _note(row, "block 0 returns", lambda m, inputs, out: out.dtype)
+        )
         model.blocks[1].ln1.register_forward_pre_hook(
             _note(row, "block 1 computes on", lambda m, inputs: inputs[0].dtype)
         )
-        x, y = token_data().batch("train", 0, 2 * world_size, model.config.block_size, 0, rank, world_size, device)
+        x, y = token_data().batch(
+            "train",
+            0,
+            2 * world_size,
+            model.config.block_size,
+            0,
+            rank,
+            world_size,
+            device,
+        )
         try:
             logits, loss = model(x, y)
             row.update({"logits": logits.dtype, "loss": loss.dtype})
         except RuntimeError as error:  # two dtypes meet inside a unit
             row["error"] = str(error).splitlines()[0]
-        rows.append({k: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v for k, v in row.items()})
+        rows.append(
+            {
+                k: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
+                for k, v in row.items()
+            }
+        )
     return rows
 
 
 def meta_init_equals_plain(preset_name: str = "tiny", seed: int = 7) -> float:
-    """Build on the meta device (no memory), shard, allocate only the shards, then initialise:
-    the largest difference from a plainly built model's weights."""
+    """Build on the meta device (no memory), shard, allocate only the shards, then
+    initialise: the largest difference from a plainly built model's weights."""
     from torch.distributed.tensor.experimental import implicit_replication
 
     device = pick_device("auto", dist_env()[1])
-    plain = gpt(preset_name, seed).to(device)  # the reference, built and initialised plainly
+    # the reference, built and initialised plainly
+    plain = gpt(preset_name, seed).to(device)
     with torch.device("meta"):
-        model = GPT(plain.config, seed)  # the same config, shapes only: nothing is allocated
-    apply_fsdp(model, device=device)  # meta parameters have no device yet: say where the shards will live
+        # the same config, shapes only: nothing is allocated
+        model = GPT(plain.config, seed)
+    # meta parameters have no device yet: say where the shards will live
+    apply_fsdp(model, device=device)
     model.to_empty(device=device)  # allocates this rank's shards, uninitialised
-    with implicit_replication():  # a full-size tensor copied into a DTensor keeps this rank's slice
+    # a full-size tensor copied into a DTensor keeps this rank's slice
+    with implicit_replication():
         model.init_weights(seed)
-    return max((a.full_tensor() - b).abs().max().item() for a, b in zip(model.parameters(), plain.parameters()))
+    return max(
+        (a.full_tensor() - b).abs().max().item()
+        for a, b in zip(model.parameters(), plain.parameters())
+    )
 
 
 def gradient_check(preset_name: str = "tiny", global_batch: int = 16) -> float:
     """Largest |FSDP2 shard gradient - the same slice of the single-process gradient|.
 
-    The pitfall this guards: gradients must be *averaged* over ranks. A sum would be N times
-    too large and this difference as large as the gradients themselves."""
+    The pitfall this guards: gradients must be *averaged* over ranks. A sum would be N
+    times too large and this difference as large as the gradients themselves."""
     plain = build("single", preset_name, global_batch)
     plain.backward(plain.loss(0))  # the whole batch in this process
     sharded = build("fsdp2", preset_name, global_batch)
     sharded.backward(sharded.loss(0))  # this rank's rows
     worst = 0.0
     for p, ref in zip(sharded.model.parameters(), plain.model.parameters()):
-        full = p.grad.full_tensor()  # reassemble the shards to compare with the whole gradient
+        # reassemble the shards to compare with the whole gradient
+        full = p.grad.full_tensor()
         worst = max(worst, (full - ref.grad).abs().max().item())
     return worst
 
@@ -278,23 +378,41 @@ def different_seeds(preset_name: str = "tiny", steps: int = 3) -> dict:
     ``check_same_weights`` says about the same models before sharding."""
     rank, world_size = rank_world()
     device = pick_device("auto", dist_env()[1])
-    built = [gpt(preset_name, seed=100 + r).wte.weight.detach() for r in range(world_size)]  # every rank's build
+    # every rank's build
+    built = [
+        gpt(preset_name, seed=100 + r).wte.weight.detach() for r in range(world_size)
+    ]
     model = gpt(preset_name, seed=100 + rank).to(device)  # the mistake: a seed per rank
     try:
         check_same_weights(model)
         caught = None
     except UserError as error:
         caught = str(error)
-    apply_fsdp(model, check_weights=False)  # what fully_shard does on its own: no broadcast, no check
+    # what fully_shard does on its own: no broadcast, no check
+    apply_fsdp(model, check_weights=False)
     whole = model.wte.weight.full_tensor().cpu()
     rows_from = {r: int((whole == w).all(dim=1).sum()) for r, w in enumerate(built)}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
     for step in range(steps):
-        x, y = token_data().batch("train", step, 8 * world_size, model.config.block_size, 0, rank, world_size, device)
+        x, y = token_data().batch(
+            "train",
+            step,
+            8 * world_size,
+            model.config.block_size,
+            0,
+            rank,
+            world_size,
+            device,
+        )
         loss = model(x, y)[1]
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    return {"rows": whole.shape[0], "rows_from": rows_from, "losses": losses, "caught": caught}
+    return {
+        "rows": whole.shape[0],
+        "rows_from": rows_from,
+        "losses": losses,
+        "caught": caught,
+    }

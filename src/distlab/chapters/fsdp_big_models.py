@@ -1,14 +1,16 @@
-"""A model bigger than one rank: initialise it sharded, load a full state dict into it, save one
-from it, and clip its sharded gradients. The experiments of book/fsdp_big_models.md.
+"""A model bigger than one rank: initialise it sharded, load a full state dict into it,
+save one from it, and clip its sharded gradients. The experiments of
+book/fsdp_big_models.md.
 
-Everything runs on every rank of one ``observe`` launch (``tour``), since one demo (a clip that
-only rank 0 calls) fails on purpose and must come back as a caught error:
+Everything runs on every rank of one ``observe`` launch (``tour``), since one demo (a
+clip that only rank 0 calls) fails on purpose and must come back as a caught error:
 
     outcome = observe(tour, nprocs=2, pg_timeout=60)
     outcome.results[rank]["load"]["peak"]      # bytes this rank held while the full dict was loaded
 
-Collectives are counted with ``CommDebugMode`` (``torch.distributed.tensor.debug``), bytes with
-PyTorch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``, private, CPU-capable).
+Collectives are counted with ``CommDebugMode`` (``torch.distributed.tensor.debug``),
+bytes with PyTorch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``, private,
+CPU-capable).
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed._tools.mem_tracker import MemTracker  # private, CPU-capable
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
@@ -41,18 +47,26 @@ def counts(comm: CommDebugMode) -> dict[str, int]:
     """``{"c10d.broadcast_.default": 31}`` -> ``{"broadcast": 31}``."""
     out = {}
     for op, n in comm.get_comm_counts().items():
-        name = str(op).split(".")[-2 if str(op).endswith(".default") else -1].rstrip("_")
-        out[name.removesuffix("_into_tensor")] = out.get(name.removesuffix("_into_tensor"), 0) + n
+        name = (
+            str(op).split(".")[-2 if str(op).endswith(".default") else -1].rstrip("_")
+        )
+        out[name.removesuffix("_into_tensor")] = (
+            out.get(name.removesuffix("_into_tensor"), 0) + n
+        )
     return out
 
 
 def sharded_on_meta(preset_name: str = "tiny") -> GPT:
-    """The GPT built on the meta device (shapes only), sharded, then given memory for its shards
-    alone: ``to_empty`` allocates each DTensor's local shard, uninitialised."""
-    config = preset(preset_name, vocab_size=token_data().vocab_size)  # outside: the data must not land on meta
+    """The GPT built on the meta device (shapes only), sharded, then given memory for
+    its shards alone: ``to_empty`` allocates each DTensor's local shard, uninitialised.
+    """
+    # outside: the data must not land on meta
+    config = preset(preset_name, vocab_size=token_data().vocab_size)
     with torch.device("meta"):
-        model = GPT(config, SEED)  # GPT's own init runs on meta tensors: nothing is computed
-    apply_fsdp(model, device=CPU)  # skips the same-weights check on meta; says where the shards live
+        # GPT's own init runs on meta tensors: nothing is computed
+        model = GPT(config, SEED)
+    # skips the same-weights check on meta; says where the shards live
+    apply_fsdp(model, device=CPU)
     model.to_empty(device=CPU)
     return model
 
@@ -64,13 +78,16 @@ def global_rows(param: torch.Tensor) -> tuple[int, int]:
         return 0, param.shape[0]
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    shape, offset = compute_local_shape_and_global_offset(
+        param.shape, param.device_mesh, param.placements
+    )
     return offset[0], shape[0]
 
 
 def fill_rows_(local: torch.Tensor, first_row: int, key: int, std: float) -> None:
-    """Row i of the whole parameter from a generator seeded by (key, i) alone: the values do not
-    depend on how the rows are split over ranks, nor on what was drawn before."""
+    """Row i of the whole parameter from a generator seeded by (key, i) alone: the
+    values do not depend on how the rows are split over ranks, nor on what was drawn
+    before."""
     for i in range(local.shape[0]):
         gen = torch.Generator().manual_seed((key * 1_000_003 + first_row + i) % 2**63)
         local[i] = torch.randn(local.shape[1:], generator=gen) * std
@@ -78,13 +95,14 @@ def fill_rows_(local: torch.Tensor, first_row: int, key: int, std: float) -> Non
 
 @torch.no_grad()
 def init_sharded_(model: GPT, seed: int = SEED) -> None:
-    """GPT-2's initialisation (as ``GPT.init_weights``) written for DTensor parameters: each rank
-    fills only its own rows; no parameter is ever whole on any rank."""
+    """GPT-2's initialisation (as ``GPT.init_weights``) written for DTensor parameters:
+    each rank fills only its own rows; no parameter is ever whole on any rank."""
     resid_std = 0.02 / model.config.n_layer**0.5 / 2**0.5
     for name, p in model.named_parameters():
         local = p.to_local() if isinstance(p, DTensor) else p
         if name.endswith("bias") or ".ln" in name or name.startswith("ln_f"):
-            local.fill_(1.0 if name.endswith("weight") else 0.0)  # deterministic: the same when sharded
+            # deterministic: the same when sharded
+            local.fill_(1.0 if name.endswith("weight") else 0.0)
             continue
         std = resid_std if name.endswith("proj.weight") else 0.02
         first, _ = global_rows(p)
@@ -95,15 +113,16 @@ def init_sharded_(model: GPT, seed: int = SEED) -> None:
 
 
 def init_check(preset_name: str = "tiny") -> dict:
-    """``nn.init.normal_`` on DTensor shards vs on the whole tensor, same seed; then ``init_sharded_``
-    on shards vs on one process's whole model."""
+    """``nn.init.normal_`` on DTensor shards vs on the whole tensor, same seed; then
+    ``init_sharded_`` on shards vs on one process's whole model."""
     rank, world_size = rank_world()
     model = sharded_on_meta(preset_name)
     weight = model.wte.weight  # (65, 64), Shard(0): 33 rows on rank 0, 32 on rank 1
     torch.manual_seed(SEED)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        nn.init.normal_(weight, std=0.02)  # DTensor dispatch: normal_ runs on this rank's local rows
+        # DTensor dispatch: normal_ runs on this rank's local rows
+        nn.init.normal_(weight, std=0.02)
     whole = weight.full_tensor()
     torch.manual_seed(SEED)
     plain = nn.init.normal_(torch.empty(weight.shape), std=0.02)
@@ -115,7 +134,8 @@ def init_check(preset_name: str = "tiny") -> dict:
     reference = gpt(preset_name)
     init_sharded_(reference)  # one process, whole tensors
     worst = max(
-        (p.full_tensor() - q).abs().max().item() for p, q in zip(model_sharded.parameters(), reference.parameters())
+        (p.full_tensor() - q).abs().max().item()
+        for p, q in zip(model_sharded.parameters(), reference.parameters())
     )
     return {
         "warning": str(seen[0].message) if seen else None,
@@ -129,12 +149,17 @@ def init_check(preset_name: str = "tiny") -> dict:
 
 def storage_bytes(tensors) -> int:
     """Bytes of the distinct storages behind ``tensors`` (a tied weight counts once)."""
-    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+    return sum(
+        {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in tensors
+        }.values()
+    )
 
 
 def broadcast_sizes() -> tuple[list, Callable]:
-    """Patch ``dist.broadcast`` to log the bytes of each tensor it sends or receives; returns the
-    log and the function that undoes the patch."""
+    """Patch ``dist.broadcast`` to log the bytes of each tensor it sends or receives;
+    returns the log and the function that undoes the patch."""
     log, original = [], dist.broadcast
 
     def logged(tensor, *args, **kwargs):
@@ -146,23 +171,27 @@ def broadcast_sizes() -> tuple[list, Callable]:
 
 
 def load_full(preset_name: str = "tiny") -> tuple[GPT, dict]:
-    """Rank 0 holds a one-process state dict (as a Hugging Face checkpoint gives); the other ranks
-    pass ``{}``. ``set_model_state_dict`` broadcasts it, tensor by tensor, into the shards."""
+    """Rank 0 holds a one-process state dict (as a Hugging Face checkpoint gives); the
+    other ranks pass ``{}``. ``set_model_state_dict`` broadcasts it, tensor by tensor,
+    into the shards."""
     rank, _ = rank_world()
     model = sharded_on_meta(preset_name)
-    full_sd = gpt(preset_name, SEED).state_dict() if rank == 0 else {}  # the only whole copy
+    # the only whole copy
+    full_sd = gpt(preset_name, SEED).state_dict() if rank == 0 else {}
     before = {
         "tensors in the dict": len(full_sd),
         "dict bytes": storage_bytes(full_sd.values()),
         "shard bytes": storage_bytes(p.to_local() for p in model.parameters()),
     }
     tracker = MemTracker()
-    tracker.track_external(model, *full_sd.values())  # what existed before: the shards, rank 0's dict
+    # what existed before: the shards, rank 0's dict
+    tracker.track_external(model, *full_sd.values())
     log, restore = broadcast_sizes()
     # --- begin load-full ---
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     with CommDebugMode() as comm, tracker:
-        set_model_state_dict(model, full_sd, options=options)  # every rank calls it; only rank 0's dict is read
+        # every rank calls it; only rank 0's dict is read
+        set_model_state_dict(model, full_sd, options=options)
     # --- end load-full ---
     restore()
     return model, {
@@ -175,25 +204,34 @@ def load_full(preset_name: str = "tiny") -> tuple[GPT, dict]:
 
 
 def save_full(model: GPT, preset_name: str = "tiny") -> dict:
-    """``get_model_state_dict`` with ``full_state_dict`` and ``cpu_offload``: rank 0 gets the whole
-    dict, the others an empty one; every rank takes part in the all-gathers."""
+    """``get_model_state_dict`` with ``full_state_dict`` and ``cpu_offload``: rank 0
+    gets the whole dict, the others an empty one; every rank takes part in the
+    all-gathers."""
     tracker = MemTracker()
     tracker.track_external(model)
     # --- begin save-full ---
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     with CommDebugMode() as comm, tracker:
-        full = get_model_state_dict(model, options=options)  # every rank calls it; rank 0 gets the dict
+        # every rank calls it; rank 0 gets the dict
+        full = get_model_state_dict(model, options=options)
     # --- end save-full ---
     reference = gpt(preset_name, SEED).state_dict()
     return {
         "collectives": counts(comm),
         "keys": len(full),
-        "max diff": max(((full[k] - v).abs().max().item() for k, v in reference.items()), default=None)
+        "max diff": max(
+            ((full[k] - v).abs().max().item() for k, v in reference.items()),
+            default=None,
+        )
         if full
         else None,
         "types": sorted({type(v).__name__ for v in full.values()}),
         "dict bytes": storage_bytes(full.values()),
-        "padded": sorted(k for k, v in full.items() if v.untyped_storage().nbytes() > v.numel() * v.element_size()),
+        "padded": sorted(
+            k
+            for k, v in full.items()
+            if v.untyped_storage().nbytes() > v.numel() * v.element_size()
+        ),
         "peak": tracker.get_tracker_snapshot("peak")[CPU]["Total"],
     }
 
@@ -202,19 +240,29 @@ def load_check(model: GPT, preset_name: str = "tiny") -> dict:
     """Every parameter (gathered) and one forward's loss, against the one-process model."""
     rank, world_size = rank_world()
     reference = gpt(preset_name, SEED)
-    params = max((p.full_tensor() - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
-    x, y = token_data().batch("train", 0, 4 * world_size, model.config.block_size, 0, 0, 1, CPU)
+    params = max(
+        (p.full_tensor() - q).abs().max().item()
+        for p, q in zip(model.parameters(), reference.parameters())
+    )
+    x, y = token_data().batch(
+        "train", 0, 4 * world_size, model.config.block_size, 0, 0, 1, CPU
+    )
     rows = slice(rank * 4, (rank + 1) * 4)  # this rank's rows of the global batch
     logits = model(x[rows], y[rows])[0]
-    return {"max param diff": params, "max logit diff": (logits - reference(x[rows])[0]).abs().max().item()}
+    return {
+        "max param diff": params,
+        "max logit diff": (logits - reference(x[rows])[0]).abs().max().item(),
+    }
 
 
 def backward_beside_one_process(model: GPT, preset_name: str) -> GPT:
-    """One backward of the sharded ``model`` on this rank's 4 rows of a global batch, and of an
-    unsharded copy on the whole batch (returned): the gradients to compare."""
+    """One backward of the sharded ``model`` on this rank's 4 rows of a global batch,
+    and of an unsharded copy on the whole batch (returned): the gradients to compare."""
     rank, world_size = rank_world()
     reference = gpt(preset_name, SEED)
-    x, y = token_data().batch("train", 0, 4 * world_size, model.config.block_size, 0, 0, 1, CPU)
+    x, y = token_data().batch(
+        "train", 0, 4 * world_size, model.config.block_size, 0, 0, 1, CPU
+    )
     rows = slice(rank * 4, (rank + 1) * 4)  # this rank's rows of the global batch
     model(x[rows], y[rows])[1].backward()
     reference(x, y)[1].backward()
@@ -222,16 +270,18 @@ def backward_beside_one_process(model: GPT, preset_name: str) -> GPT:
 
 
 def clip_check(model: GPT, max_norm: float = 0.5, preset_name: str = "tiny") -> dict:
-    """One backward on this rank's rows, ``clip_grad_norm_`` over the DTensor gradients; against one
-    process on the whole batch."""
+    """One backward on this rank's rows, ``clip_grad_norm_`` over the DTensor gradients;
+    against one process on the whole batch."""
     reference = backward_beside_one_process(model, preset_name)
     # --- begin clip ---
     with CommDebugMode() as comm:
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # every rank must call it
+        # every rank must call it
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     # --- end clip ---
     ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
     grads = max(
-        (p.grad.full_tensor() - q.grad).abs().max().item() for p, q in zip(model.parameters(), reference.parameters())
+        (p.grad.full_tensor() - q.grad).abs().max().item()
+        for p, q in zip(model.parameters(), reference.parameters())
     )
     return {
         "collectives": counts(comm),
@@ -244,8 +294,9 @@ def clip_check(model: GPT, max_norm: float = 0.5, preset_name: str = "tiny") -> 
 
 
 def clip_on_rank0_only(report: str, pg_seconds: float = 2.0) -> dict:
-    """The mistake: only rank 0 clips (say, to log the norm). Its all-reduce waits for a peer that
-    never comes, until the process group's timeout. A toy model on a group with a short timeout."""
+    """The mistake: only rank 0 clips (say, to log the norm). Its all-reduce waits for a
+    peer that never comes, until the process group's timeout. A toy model on a group
+    with a short timeout."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
@@ -261,11 +312,14 @@ def clip_on_rank0_only(report: str, pg_seconds: float = 2.0) -> dict:
 
 
 def hsdp_clip_check(preset_name: str = "tiny", max_norm: float = 0.5) -> dict:
-    """On 4 ranks, a (replicate 2, shard 2) mesh: the norm from ``clip_grad_norm_`` against one
-    process's. Each gradient is ``Shard(0)`` on the shard dimension and ``Replicate`` on the other."""
+    """On 4 ranks, a (replicate 2, shard 2) mesh: the norm from ``clip_grad_norm_``
+    against one process's. Each gradient is ``Shard(0)`` on the shard dimension and
+    ``Replicate`` on the other."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (2, rank_world()[1] // 2), mesh_dim_names=("replicate", "shard"))
+    mesh = init_device_mesh(
+        "cpu", (2, rank_world()[1] // 2), mesh_dim_names=("replicate", "shard")
+    )
     model = apply_fsdp(gpt(preset_name, SEED), mesh=mesh)
     reference = backward_beside_one_process(model, preset_name)
     with CommDebugMode() as comm:
@@ -274,7 +328,9 @@ def hsdp_clip_check(preset_name: str = "tiny", max_norm: float = 0.5) -> dict:
         "grad placements": str(model.wte.weight.grad.placements),
         "collectives": counts(comm),
         "norm": norm.item(),
-        "one-process norm": torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm).item(),
+        "one-process norm": torch.nn.utils.clip_grad_norm_(
+            reference.parameters(), max_norm
+        ).item(),
     }
 
 

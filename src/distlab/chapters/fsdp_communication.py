@@ -1,15 +1,16 @@
 """What FSDP2 sends, and the switches that change it: bytes per rank per step, counted.
 
-Every function runs on each rank of a process group (``distlab.infra.launch.run_ranks``), on
-the tiny GPT, and returns plain data for ``book/fsdp_communication.md``:
+Every function runs on each rank of a process group
+(``distlab.infra.launch.run_ranks``), on the tiny GPT, and returns plain data for
+``book/fsdp_communication.md``:
 
     run_ranks(volumes, nprocs=4)        # one step of each VARIANT: collectives, bytes, socket bytes
     run_ranks(switches, nprocs=4)       # 4 micro-batches under each FSDP2 switch (SWITCHES)
     run_ranks(measure, nprocs=4)        # both, in one launch (the page and the tests)
 
-The collectives are counted by ``distlab.tools.collective_bytes.CollectiveBytes`` (the tensor
-bytes each c10d op was handed, and its group), and what the rank really wrote to its sockets is
-read from ``/proc/self/io`` around the same step.
+The collectives are counted by ``distlab.tools.collective_bytes.CollectiveBytes`` (the
+tensor bytes each c10d op was handed, and its group), and what the rank really wrote to
+its sockets is read from ``/proc/self/io`` around the same step.
 """
 
 from __future__ import annotations
@@ -28,13 +29,15 @@ VARIANTS = {
     "zero1": "DDP + ZeroRedundancyOptimizer (ZeRO-1)",
     "fsdp2 reshard=True": "fully_shard(reshard_after_forward=True) on every unit, the root included",
     "fsdp2 reshard=False": "fully_shard(reshard_after_forward=False): kept gathered to backward",
-    "fsdp2 reshard=2": "fully_shard(reshard_after_forward=2): resharded to groups of 2 after forward",
+    "fsdp2 reshard=2": "fully_shard(reshard_after_forward=2): resharded to groups of 2 after "
+    "forward",
     "hsdp (2, 2)": "fully_shard(mesh=(replicate 2, shard 2))",
 }
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
-    """Psi: the bytes of the model's parameters, whole (a DTensor counts its global shape)."""
+    """Psi: the bytes of the model's parameters, whole (a DTensor counts its global
+    shape)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
@@ -55,12 +58,18 @@ def _wrap(variant: str, model: torch.nn.Module):
 
     if variant == "ddp":
         return DDP(model), torch.optim.AdamW(model.parameters(), lr=1e-3)
-    if variant == "zero1":  # gradients all-reduced by DDP; each rank steps its slice, then broadcasts it
-        return DDP(model), ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
-    reshard = {"reshard=True": True, "reshard=False": False, "reshard=2": 2}.get(variant.split()[-1], True)
+    # gradients all-reduced by DDP; each rank steps its slice, then broadcasts it
+    if variant == "zero1":
+        return DDP(model), ZeroRedundancyOptimizer(
+            model.parameters(), torch.optim.AdamW, lr=1e-3
+        )
+    reshard = {"reshard=True": True, "reshard=False": False, "reshard=2": 2}.get(
+        variant.split()[-1], True
+    )
     for block in model.blocks:
         fully_shard(block, mesh=_mesh(variant), reshard_after_forward=reshard)
-    # the root too, explicitly: left unset it would stay gathered (False) whatever its blocks do
+    # the root too, explicitly: left unset it would stay gathered (False) whatever its
+    # blocks do
     fully_shard(model, mesh=_mesh(variant), reshard_after_forward=reshard)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
@@ -70,14 +79,22 @@ def _wrap(variant: str, model: torch.nn.Module):
 
 def _batch(model, step: int, micro: int = 0):
     rank, world_size = rank_world()
-    return token_data().batch("train", 4 * step + micro, 2 * world_size, model.config.block_size, 0, rank, world_size)
+    return token_data().batch(
+        "train",
+        4 * step + micro,
+        2 * world_size,
+        model.config.block_size,
+        0,
+        rank,
+        world_size,
+    )
 
 
 def volumes() -> dict[str, dict]:
-    """For each of VARIANTS, one training step (forward, backward, optimizer step) after two
-    warm-up steps (DDP rebuilds its buckets in the second, broadcasting their order once):
-    collectives by kind (count, tensor bytes, ring bytes sent), the bytes this rank's process
-    wrote meanwhile (``socket_bytes_written``), and Psi."""
+    """For each of VARIANTS, one training step (forward, backward, optimizer step) after
+    two warm-up steps (DDP rebuilds its buckets in the second, broadcasting their order
+    once): collectives by kind (count, tensor bytes, ring bytes sent), the bytes this
+    rank's process wrote meanwhile (``socket_bytes_written``), and Psi."""
     results = {}
     for variant in VARIANTS:
         model = gpt("tiny")
@@ -108,7 +125,8 @@ def volumes() -> dict[str, dict]:
 # --- begin switches ---
 MICRO_BATCHES = 4
 
-# name -> (mesh, the switches set on the root before each micro-batch but the last; the last restores them)
+# name -> (mesh, the switches set on the root before each micro-batch but the last; the
+# last restores them)
 SWITCHES = {
     "sync every micro-batch": ("1-D", {}),
     "set_requires_gradient_sync(False)": ("1-D", {"set_requires_gradient_sync": False}),
@@ -122,13 +140,15 @@ SWITCHES = {
 
 
 def _accumulate(model, switches: dict, into: list) -> None:
-    """MICRO_BATCHES forward-backwards, the loss scaled by 1/MICRO_BATCHES, the switches on for
-    all but the last; one CollectiveBytes per micro-batch appended to ``into``."""
+    """MICRO_BATCHES forward-backwards, the loss scaled by 1/MICRO_BATCHES, the switches
+    on for all but the last; one CollectiveBytes per micro-batch appended to ``into``.
+    """
     for micro in range(MICRO_BATCHES):
         last = micro == MICRO_BATCHES - 1
         for switch, value in switches.items():
             getattr(model, switch)(value if not last else not value)
-        model.set_is_last_backward(last)  # waits for pending reductions, clears prefetch state
+        # waits for pending reductions, clears prefetch state
+        model.set_is_last_backward(last)
         x, y = _batch(model, 1, micro)
         with CollectiveBytes() as counted:
             (model(x, y)[1] / MICRO_BATCHES).backward()
@@ -139,21 +159,30 @@ def _accumulate(model, switches: dict, into: list) -> None:
 
 
 def _gradient_bytes_held(model) -> int:
-    """Gradient bytes this rank holds: the sharded ``.grad``s plus the unsharded gradients FSDP2
-    keeps while it is not reducing (``FSDPParam.unsharded_accumulated_grad`` or the unsharded
-    parameter's ``.grad``) and, in HSDP without all-reduce, the reduce-scattered sum it keeps
-    (``FSDPParamGroup._partial_reduce_output``): private, torch/distributed/fsdp/_fully_shard/."""
+    """Gradient bytes this rank holds: the sharded ``.grad``s plus the unsharded
+    gradients FSDP2 keeps while it is not reducing
+    (``FSDPParam.unsharded_accumulated_grad`` or the unsharded parameter's ``.grad``)
+    and, in HSDP without all-reduce, the reduce-scattered sum it keeps
+    (``FSDPParamGroup._partial_reduce_output``): private,
+    torch/distributed/fsdp/_fully_shard/."""
     from torch.distributed.fsdp import FSDPModule
 
     held = 0
     for module in model.modules():
         if isinstance(module, FSDPModule):
             for group in module._get_fsdp_state()._fsdp_param_groups:
-                partial = group._partial_reduce_output  # HSDP: reduce-scattered, not yet all-reduced
-                held += 0 if partial is None else partial.numel() * partial.element_size()
+                # HSDP: reduce-scattered, not yet all-reduced
+                partial = group._partial_reduce_output
+                held += (
+                    0 if partial is None else partial.numel() * partial.element_size()
+                )
                 for fsdp_param in group.fsdp_params:
                     shard = fsdp_param.sharded_param.grad
-                    held += 0 if shard is None else shard.to_local().numel() * shard.element_size()
+                    held += (
+                        0
+                        if shard is None
+                        else shard.to_local().numel() * shard.element_size()
+                    )
                     grad = fsdp_param.unsharded_accumulated_grad
                     if grad is None and hasattr(fsdp_param, "_unsharded_param"):
                         grad = fsdp_param._unsharded_param.grad
@@ -162,19 +191,23 @@ def _gradient_bytes_held(model) -> int:
 
 
 def _reference_gradients() -> list[torch.Tensor]:
-    """The same accumulation in this process alone, on every rank's rows: what each switch must give."""
+    """The same accumulation in this process alone, on every rank's rows: what each
+    switch must give."""
     world_size = rank_world()[1]
     model = gpt("tiny")
     for micro in range(MICRO_BATCHES):
-        x, y = token_data().batch("train", 4 + micro, 2 * world_size, model.config.block_size, 0, 0, 1)
+        x, y = token_data().batch(
+            "train", 4 + micro, 2 * world_size, model.config.block_size, 0, 0, 1
+        )
         (model(x, y)[1] / MICRO_BATCHES).backward()
     return [p.grad for p in model.parameters()]
 
 
 def switches() -> dict[str, dict]:
-    """For each of SWITCHES: per micro-batch the collectives (count and tensor bytes by kind),
-    the ring bytes sent and the gradient bytes held after it; the largest difference of the
-    accumulated gradient from one process's (``_reference_gradients``); and Psi."""
+    """For each of SWITCHES: per micro-batch the collectives (count and tensor bytes by
+    kind), the ring bytes sent and the gradient bytes held after it; the largest
+    difference of the accumulated gradient from one process's
+    (``_reference_gradients``); and Psi."""
     from torch.distributed.fsdp import fully_shard
 
     reference = _reference_gradients()
@@ -187,7 +220,10 @@ def switches() -> dict[str, dict]:
         fully_shard(model, mesh=mesh)
         per_micro: list = []
         _accumulate(model, flags, per_micro)
-        worst = max((p.grad.full_tensor() - r).abs().max().item() for p, r in zip(model.parameters(), reference))
+        worst = max(
+            (p.grad.full_tensor() - r).abs().max().item()
+            for p, r in zip(model.parameters(), reference)
+        )
         results[name] = {
             "psi": parameter_bytes(model),
             "counts": [c.counts() for c, _ in per_micro],
@@ -200,5 +236,6 @@ def switches() -> dict[str, dict]:
 
 
 def measure() -> tuple[dict, dict]:
-    """``volumes()`` and ``switches()`` in one launch: each launch costs seconds of imports."""
+    """``volumes()`` and ``switches()`` in one launch: each launch costs seconds of
+    imports."""
     return volumes(), switches()

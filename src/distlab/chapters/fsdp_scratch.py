@@ -1,6 +1,7 @@
-"""The FSDP-from-scratch chapter's experiments: the from-scratch FSDP of ``distlab.scratch.fsdp``
-trained beside torch's ``fully_shard`` and one process, on the GPT and on a second model,
-and what its event trace and FSDP2's own state say about which units are gathered when.
+"""The FSDP-from-scratch chapter's experiments: the from-scratch FSDP of
+``distlab.scratch.fsdp`` trained beside torch's ``fully_shard`` and one process, on the
+GPT and on a second model, and what its event trace and FSDP2's own state say about
+which units are gathered when.
 
     run_ranks(compare, nprocs=2, args=(10,))     # the GPT: each variant's losses, state bytes, trace
     train("single", steps=10)                    # the one-process reference (distlab.infra.experiment)
@@ -25,20 +26,31 @@ from distlab.scratch.fsdp_units import unit_parameters
 VARIANTS = ("fsdp-scratch", "fsdp-scratch-no-reshard", "fsdp2")
 
 
-def compare(steps: int = 10, global_batch: int = 16, seed: int = 1337) -> dict[str, dict]:
-    """On every rank: each of ``VARIANTS`` trained on the tiny GPT, the same batches from the
-    same weights (``experiment.train``). Each result has the global mean loss of every step,
-    this rank's state bytes after the first step and, from scratch, the last step's events."""
+def compare(
+    steps: int = 10, global_batch: int = 16, seed: int = 1337
+) -> dict[str, dict]:
+    """On every rank: each of ``VARIANTS`` trained on the tiny GPT, the same batches
+    from the same weights (``experiment.train``). Each result has the global mean loss
+    of every step, this rank's state bytes after the first step and, from scratch, the
+    last step's events."""
     runs = {}
     for strategy in VARIANTS:
         trace: list[Event] | None = [] if strategy.startswith("fsdp-scratch") else None
-        result = train(strategy, "tiny", steps, global_batch, seed, options=WrapOptions(trace=trace))
+        result = train(
+            strategy,
+            "tiny",
+            steps,
+            global_batch,
+            seed,
+            options=WrapOptions(trace=trace),
+        )
         runs[strategy] = {**result, "trace": trace}
     return runs
 
 
 def gathered_bytes(trace: list[Event]) -> dict[str, int]:
-    """Bytes of gathered (full) parameters when forward ends, at most during backward, at the end."""
+    """Bytes of gathered (full) parameters when forward ends, at most during backward,
+    at the end."""
     end_of_forward = next(e for e in trace if e.unit == "root" and e.what == "forward")
     backward = [e.gathered_bytes for e in trace if e.start >= end_of_forward.end]
     return {
@@ -55,7 +67,8 @@ class ConvBlock(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
         self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
-        self.norm = nn.GroupNorm(4, channels)  # no running statistics: nothing for ranks to disagree on
+        # no running statistics: nothing for ranks to disagree on
+        self.norm = nn.GroupNorm(4, channels)
         self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,15 +78,19 @@ class ConvBlock(nn.Module):
 class ConvNet(nn.Module):
     """A stem, residual blocks and a linear classifier: nothing like the GPT."""
 
-    def __init__(self, channels: int = 16, n_blocks: int = 3, classes: int = 10, seed: int = 0):
+    def __init__(
+        self, channels: int = 16, n_blocks: int = 3, classes: int = 10, seed: int = 0
+    ):
         super().__init__()
-        with torch.random.fork_rng():  # the same weights on every rank, the global RNG untouched
+        # the same weights on every rank, the global RNG untouched
+        with torch.random.fork_rng():
             torch.manual_seed(seed)
             self.stem = nn.Conv2d(3, channels, 3, padding=1)
             self.blocks = nn.Sequential(*(ConvBlock(channels) for _ in range(n_blocks)))
             self.head = nn.Linear(channels, classes)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) -> (B, classes)
+    # (B, 3, H, W) -> (B, classes)
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(self.stem(images)).mean(dim=(2, 3)))
 
 
@@ -81,8 +98,8 @@ class ConvNet(nn.Module):
 
 
 def reassembled_gradients(fsdp: ScratchFSDP) -> list[torch.Tensor]:
-    """Every parameter's whole gradient, all-gathered from the shards (fp32), in the order of
-    ``unit_parameters``: for comparing with one process or with FSDP2."""
+    """Every parameter's whole gradient, all-gathered from the shards (fp32), in the
+    order of ``unit_parameters``: for comparing with one process or with FSDP2."""
     n, grads = dist.get_world_size(fsdp.group), []
     for unit in fsdp.units:
         full = torch.empty(unit.shard.numel() * n, device=unit.shard.device)
@@ -102,7 +119,11 @@ def _conv_batches(steps: int, global_batch: int) -> tuple[torch.Tensor, torch.Te
 def _fully_shard_conv(model: ConvNet, dtype: torch.dtype | None) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        if dtype
+        else MixedPrecisionPolicy()
+    )
     for module in model.modules():
         if isinstance(module, ConvBlock):
             fully_shard(module, mp_policy=mp)
@@ -110,17 +131,28 @@ def _fully_shard_conv(model: ConvNet, dtype: torch.dtype | None) -> None:
 
 
 def second_model(steps: int = 5, global_batch: int = 16, lr: float = 1e-2) -> dict:
-    """On every rank: ``ConvNet`` trained ``steps`` AdamW steps four ways, from scratch with the
-    policy ``{ConvBlock}`` and with ``fully_shard`` on every ``ConvBlock``, each in fp32 and
-    computing in bf16, beside one process in fp32. Per variant: the global mean loss of each
-    step, and the largest difference of the first step's gradients from one process's."""
+    """On every rank: ``ConvNet`` trained ``steps`` AdamW steps four ways, from scratch
+    with the policy ``{ConvBlock}`` and with ``fully_shard`` on every ``ConvBlock``,
+    each in fp32 and computing in bf16, beside one process in fp32. Per variant: the
+    global mean loss of each step, and the largest difference of the first step's
+    gradients from one process's."""
     rank, n = dist.get_rank(), dist.get_world_size()
     device = pick_device("auto", dist_env()[1])  # the rank's: a GPU's under NCCL
     images, labels = (t.to(device) for t in _conv_batches(steps, global_batch))
     mine = slice(rank * global_batch // n, (rank + 1) * global_batch // n)
     out = {}
-    for variant in ("one process", "scratch", "scratch bf16", "fully_shard", "fully_shard bf16"):
-        model, fsdp, dtype = ConvNet().to(device), None, torch.bfloat16 if variant.endswith("bf16") else None
+    for variant in (
+        "one process",
+        "scratch",
+        "scratch bf16",
+        "fully_shard",
+        "fully_shard bf16",
+    ):
+        model, fsdp, dtype = (
+            ConvNet().to(device),
+            None,
+            torch.bfloat16 if variant.endswith("bf16") else None,
+        )
         if variant.startswith("scratch"):
             fsdp = shard_model(model, {ConvBlock}, compute_dtype=dtype)
         elif variant.startswith("fully_shard"):
@@ -129,14 +161,18 @@ def second_model(steps: int = 5, global_batch: int = 16, lr: float = 1e-2) -> di
         losses, first_grads = [], None
         for x, y in zip(images, labels):
             rows = slice(None) if variant == "one process" else mine
-            loss = F.cross_entropy(model(x[rows]).float(), y[rows])  # a mean over this rank's rows
+            # a mean over this rank's rows
+            loss = F.cross_entropy(model(x[rows]).float(), y[rows])
             loss.backward()
             if first_grads is None:
                 grads = (
                     reassembled_gradients(fsdp)
                     if fsdp
                     else [
-                        p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in model.parameters()
+                        p.grad.full_tensor()
+                        if hasattr(p.grad, "full_tensor")
+                        else p.grad
+                        for p in model.parameters()
                     ]
                 )
                 first_grads = [g.detach().float().clone() for g in grads]
@@ -144,58 +180,87 @@ def second_model(steps: int = 5, global_batch: int = 16, lr: float = 1e-2) -> di
             optimizer.zero_grad(set_to_none=True)
             total = loss.detach().clone()
             if variant != "one process":
-                dist.all_reduce(total)  # SUM of the ranks' means over N: the global batch's mean
+                # SUM of the ranks' means over N: the global batch's mean
+                dist.all_reduce(total)
                 total /= n
             losses.append(total.item())
         out[variant] = {"losses": losses, "grads": first_grads}
-    # the one-process model's parameter order, and unit_parameters' order, line up the gradients
+    # the one-process model's parameter order, and unit_parameters' order, line up the
+    # gradients
     reference = ConvNet()
-    order = [p for _, _, slots in unit_parameters(reference, {ConvBlock}) for p in slots]
+    order = [
+        p for _, _, slots in unit_parameters(reference, {ConvBlock}) for p in slots
+    ]
     position = {p: i for i, p in enumerate(reference.parameters())}
     want = [out["one process"]["grads"][position[p]] for p in order]
     for variant, result in out.items():
         grads = result.pop("grads")
-        if not variant.startswith("scratch"):  # one process and FSDP2: the module's own order
+        # one process and FSDP2: the module's own order
+        if not variant.startswith("scratch"):
             grads = [grads[position[p]] for p in order]
-        result["grad_rel_diff"] = max(((g - w).norm() / w.norm()).item() for g, w in zip(grads, want))
+        result["grad_rel_diff"] = max(
+            ((g - w).norm() / w.norm()).item() for g, w in zip(grads, want)
+        )
     return out
 
 
 def gathered_units(n_layer: int = 4) -> dict[str, list[tuple[str, dict[str, str]]]]:
-    """On every rank: a GPT of ``n_layer`` tiny blocks, sharded from scratch and by FSDP2. In the
-    middle of each block's forward and of its backward, the state of every unit: "gathered"
-    (its full parameters exist), "all-gathered, waiting" (FSDP2 holds the all-gather's result,
-    not yet copied out into the parameters: a prefetch) or "sharded"."""
+    """On every rank: a GPT of ``n_layer`` tiny blocks, sharded from scratch and by
+    FSDP2. In the middle of each block's forward and of its backward, the state of every
+    unit: "gathered" (its full parameters exist), "all-gathered, waiting" (FSDP2 holds
+    the all-gather's result, not yet copied out into the parameters: a prefetch) or
+    "sharded"."""
     from distlab.data import token_data
     from distlab.parallel import apply_fsdp
 
     cfg = preset("tiny", n_layer=n_layer, vocab_size=token_data().vocab_size)
     device = pick_device("auto", dist_env()[1])
-    idx = torch.randint(0, cfg.vocab_size, (2, 2, cfg.block_size), generator=torch.Generator().manual_seed(0))
+    idx = torch.randint(
+        0,
+        cfg.vocab_size,
+        (2, 2, cfg.block_size),
+        generator=torch.Generator().manual_seed(0),
+    )
     idx = idx.to(device)
     out = {}
     for wrapper in ("from scratch", "fully_shard"):
         model = GPT(cfg, seed=0).to(device)
-        units = {f"blocks.{i}": block for i, block in enumerate(model.blocks)} | {"root": model}
+        units = {f"blocks.{i}": block for i, block in enumerate(model.blocks)} | {
+            "root": model
+        }
         if wrapper == "fully_shard":
             apply_fsdp(model)
 
             def state(name, units=units):
                 group = units[name]._get_fsdp_state()._fsdp_param_groups[0]
-                pending = group._all_gather_result is not None and not group.is_unsharded
-                return "gathered" if group.is_unsharded else "all-gathered, waiting" if pending else "sharded"
+                pending = (
+                    group._all_gather_result is not None and not group.is_unsharded
+                )
+                return (
+                    "gathered"
+                    if group.is_unsharded
+                    else "all-gathered, waiting"
+                    if pending
+                    else "sharded"
+                )
         else:
-            fsdp_units = {unit.name: unit for unit in shard_model(model, {Block}).units}  # the same names
+            # the same names
+            fsdp_units = {unit.name: unit for unit in shard_model(model, {Block}).units}
 
             def state(name, fsdp_units=fsdp_units):
-                return "gathered" if fsdp_units[name].full.untyped_storage().nbytes() else "sharded"
+                return (
+                    "gathered"
+                    if fsdp_units[name].full.untyped_storage().nbytes()
+                    else "sharded"
+                )
 
         log: list[tuple[str, dict[str, str]]] = []
 
         def snapshot(where, units=units, log=log, state=state):
             log.append((where, {name: state(name) for name in units}))
 
-        for i, block in enumerate(model.blocks):  # the MLP runs in the middle of its block, both ways
+        # the MLP runs in the middle of its block, both ways
+        for i, block in enumerate(model.blocks):
 
             def probe(module, args, output, i=i, snapshot=snapshot):
                 snapshot(f"forward of blocks.{i}")

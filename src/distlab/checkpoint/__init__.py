@@ -1,4 +1,5 @@
-"""Checkpoints for labs 1-5: save, resume on any number of ranks, convert to one plain file.
+"""Checkpoints for labs 1-5: save, resume on any number of ranks, convert to one plain
+file.
 
     checkpoints.py  Checkpoints: save every --checkpoint-every steps, resume with --resume (DCP)
     state.py        TrainingState, what DCP saves: model, optimizer, each rank's RNG; MUST_MATCH
@@ -7,12 +8,19 @@
                     and to_plain (checkpoint -> model.pt)
     __main__.py     python -m distlab.checkpoint to-plain CHECKPOINT OUT.pt
 
-torch.distributed.checkpoint (DCP) is imported inside the functions that use it: every lab
-imports this package for load_plain_weights, and importing DCP costs about a second.
+torch.distributed.checkpoint (DCP) is imported inside the functions that use it: every
+lab imports this package for load_plain_weights, and importing DCP costs about a second.
 """
 
 from distlab.checkpoint.checkpoints import Checkpoints
-from distlab.checkpoint.folders import finished, inspect_checkpoint, keep_earlier_metrics, latest, prune, resume_point
+from distlab.checkpoint.folders import (
+    finished,
+    inspect_checkpoint,
+    keep_earlier_metrics,
+    latest,
+    prune,
+    resume_point,
+)
 from distlab.checkpoint.plain import load_plain_weights, save_plain_weights, to_plain
 from distlab.checkpoint.state import MUST_MATCH, TrainingState, rng_states
 

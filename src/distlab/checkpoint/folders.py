@@ -1,6 +1,6 @@
-"""The ``step_NNNNNN`` folders of ``OUT/checkpoints``: which are finished, which is the newest,
-which ``--resume`` names, which to delete, and whether one is complete (checked without
-loading a tensor)."""
+"""The ``step_NNNNNN`` folders of ``OUT/checkpoints``: which are finished, which is the
+newest, which ``--resume`` names, which to delete, and whether one is complete (checked
+without loading a tensor)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from distlab.errors import UserError
 
 
 def inspect_checkpoint(path: str | Path):
-    """(train_state, DCP metadata) of a finished checkpoint, checked without loading a tensor:
-    its files exist and none is shorter than the index says. Raises UserError naming the file."""
+    """(train_state, DCP metadata) of a finished checkpoint, checked without loading a
+    tensor: its files exist and none is shorter than the index says. Raises UserError
+    naming the file."""
     import torch.distributed.checkpoint as dcp
 
     path = Path(path)
@@ -22,32 +23,44 @@ def inspect_checkpoint(path: str | Path):
         raise UserError(f"no checkpoint at {path} (no such folder)")
     for name in (METADATA, STATE_FILE):
         if not (path / name).is_file():
-            raise UserError(f"{path / name} is missing: {path} is not a finished checkpoint")
+            raise UserError(
+                f"{path / name} is missing: {path} is not a finished checkpoint"
+            )
     try:
         train_state = json.loads((path / STATE_FILE).read_text())
     except ValueError as err:
-        raise UserError(f"{path / STATE_FILE} is unreadable ({error_line(err)})") from None
+        raise UserError(
+            f"{path / STATE_FILE} is unreadable ({error_line(err)})"
+        ) from None
     try:
         metadata = dcp.FileSystemReader(path).read_metadata()
     except Exception as err:  # a truncated pickle raises EOFError, UnpicklingError, ...
-        raise UserError(f"{path / METADATA} is unreadable ({error_line(err)}): the checkpoint is damaged") from None
+        raise UserError(
+            f"{path / METADATA} is unreadable ({error_line(err)}): the "
+            "checkpoint is damaged"
+        ) from None
     needed: dict[str, int] = {}  # file -> bytes the index points into
     for info in metadata.storage_data.values():
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+        needed[info.relative_path] = max(
+            needed.get(info.relative_path, 0), info.offset + info.length
+        )
     for name, size in sorted(needed.items()):
         file = path / name
         if not file.is_file():
             raise UserError(f"{file} is missing: the checkpoint is incomplete")
         if file.stat().st_size < size:
             raise UserError(
-                f"{file} is truncated: {file.stat().st_size:,} bytes, its index ({METADATA}) needs {size:,}"
+                f"{file} is truncated: {file.stat().st_size:,} bytes, its index "
+                f"({METADATA}) needs {size:,}"
             )
     return train_state, metadata
 
 
-def finished(checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE_FILE)) -> list[Path]:
-    """The finished checkpoints in ``checkpoint_dir``, oldest first: ``step_N`` folders holding
-    the files ``holds`` names (``.partial`` folders never match)."""
+def finished(
+    checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE_FILE)
+) -> list[Path]:
+    """The finished checkpoints in ``checkpoint_dir``, oldest first: ``step_N`` folders
+    holding the files ``holds`` names (``.partial`` folders never match)."""
     done = [
         p
         for p in Path(checkpoint_dir).glob("step_*")
@@ -56,16 +69,21 @@ def finished(checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STA
     return sorted(done, key=lambda p: int(p.name[5:]))
 
 
-def latest(checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE_FILE)) -> Path | None:
+def latest(
+    checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE_FILE)
+) -> Path | None:
     """The finished checkpoint with the most steps in ``checkpoint_dir``, or None."""
     return (finished(checkpoint_dir, holds) or [None])[-1]
 
 
 def resume_point(
-    resume: str, checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE_FILE)
+    resume: str,
+    checkpoint_dir: str | Path,
+    holds: tuple[str, ...] = (METADATA, STATE_FILE),
 ) -> Path | None:
-    """The checkpoint ``--resume`` names: a folder, ``latest`` (there must be one) or ``auto``
-    (the latest if there is one, else None: start at step 0). None for an empty ``resume``."""
+    """The checkpoint ``--resume`` names: a folder, ``latest`` (there must be one) or
+    ``auto`` (the latest if there is one, else None: start at step 0). None for an empty
+    ``resume``."""
     if not resume:
         return None
     if resume in ("latest", "auto"):
@@ -79,9 +97,14 @@ def resume_point(
     return Path(resume)
 
 
-def prune(checkpoint_dir: str | Path, keep: int, holds: tuple[str, ...] = (METADATA, STATE_FILE)) -> list[Path]:
-    """Delete all but the ``keep`` newest finished checkpoints (keep 0: delete none); returns
-    what it deleted. Unfinished ``.partial`` folders are left to the next save of their step."""
+def prune(
+    checkpoint_dir: str | Path,
+    keep: int,
+    holds: tuple[str, ...] = (METADATA, STATE_FILE),
+) -> list[Path]:
+    """Delete all but the ``keep`` newest finished checkpoints (keep 0: delete none);
+    returns what it deleted. Unfinished ``.partial`` folders are left to the next save
+    of their step."""
     done = finished(checkpoint_dir, holds)
     old = done[:-keep] if keep > 0 else []
     for path in old:
@@ -90,7 +113,8 @@ def prune(checkpoint_dir: str | Path, keep: int, holds: tuple[str, ...] = (METAD
 
 
 def keep_earlier_metrics(out: str | Path, step: int) -> None:
-    """On resume: the lab reopens OUT/metrics.jsonl for writing; keep the interrupted run's lines aside."""
+    """On resume: the lab reopens OUT/metrics.jsonl for writing; keep the interrupted
+    run's lines aside."""
     old = Path(out) / "metrics.jsonl"
     if old.is_file():
         kept = old.rename(old.with_name(f"metrics.before_step_{step:06d}.jsonl"))

@@ -1,5 +1,6 @@
-"""What a checkpoint holds: ``TrainingState`` (model, optimizer, each rank's RNG) for DCP, the
-config fields a resumed run must share with the saved one, and the shared error helpers."""
+"""What a checkpoint holds: ``TrainingState`` (model, optimizer, each rank's RNG) for
+DCP, the config fields a resumed run must share with the saved one, and the shared error
+helpers."""
 
 from __future__ import annotations
 
@@ -9,17 +10,30 @@ import warnings
 import torch
 
 STATE_FILE = "train_state.json"
-METADATA = ".metadata"  # DCP writes it last: a folder without it is not a finished checkpoint
+# DCP writes it last: a folder without it is not a finished checkpoint
+METADATA = ".metadata"
 MODEL_PREFIX = "app.model."  # DCP flattens {"app": {"model": {...}}} into dotted keys
-# a resumed run must follow the very trajectory it left: these fix the model's shapes, the batch
-# of every step (seed, global batch), the LR of every step (the cosine runs over `steps`) and
-# AdamW's weight decay (the optimizer's hyper-parameters come back from the checkpoint)
-MUST_MATCH = ("preset", "batch_size", "seed", "lr", "min_lr", "warmup_steps", "steps", "weight_decay")
+# a resumed run must follow the very trajectory it left: these fix the model's shapes,
+# the batch of every step (seed, global batch), the LR of every step (the cosine runs
+# over `steps`) and AdamW's weight decay (the optimizer's hyper-parameters come back
+# from the checkpoint)
+MUST_MATCH = (
+    "preset",
+    "batch_size",
+    "seed",
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "steps",
+    "weight_decay",
+)
 
 
 def error_line(err: BaseException) -> str:
-    """``Type: first sentence`` of an error; for DCP's, the first failing rank's own error."""
-    if getattr(err, "failures", None):  # DCP's CheckpointException: {rank: (error, traceback)}
+    """``Type: first sentence`` of an error; for DCP's, the first failing rank's own
+    error."""
+    # DCP's CheckpointException: {rank: (error, traceback)}
+    if getattr(err, "failures", None):
         rank, (inner, _) = min(err.failures.items())
         return f"on rank {rank}, {error_line(inner)}"
     first = (str(err).strip().splitlines() or [""])[0]
@@ -27,7 +41,8 @@ def error_line(err: BaseException) -> str:
 
 
 def shape_mismatches(there: dict, here: dict, where: tuple[str, str]) -> str:
-    """'' if both map the same names to the same shapes, else the first differences, in words."""
+    """'' if both map the same names to the same shapes, else the first differences, in
+    words."""
     problems = [
         f"{k} is {list(there[k])} {where[0]}, {list(here[k])} {where[1]}"
         for k in here
@@ -42,9 +57,13 @@ def shape_mismatches(there: dict, here: dict, where: tuple[str, str]) -> str:
 @contextlib.contextmanager
 def one_process_is_meant():
     """Silence DCP's warning that it saves or loads without a process group: lab 1 and
-    ``to_plain`` run in one process on purpose (DCP then reads and writes every piece itself)."""
+    ``to_plain`` run in one process on purpose (DCP then reads and writes every piece
+    itself)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*assuming the intent is to (save|load) in a single process")
+        warnings.filterwarnings(
+            "ignore",
+            message=r".*assuming the intent is to (save|load) in a single process",
+        )
         yield
 
 
@@ -59,17 +78,30 @@ def rng_states(device: torch.device) -> dict[str, torch.Tensor]:
 class TrainingState:
     """What DCP saves and loads: the model, the optimizer and this rank's RNG.
 
-    DCP's ``Stateful`` protocol: ``dcp.save`` calls ``state_dict()``; ``dcp.load`` calls it for
-    the tensors to fill in place, then hands the filled dict to ``load_state_dict()``.
+    DCP's ``Stateful`` protocol: ``dcp.save`` calls ``state_dict()``; ``dcp.load`` calls
+    it for the tensors to fill in place, then hands the filled dict to
+    ``load_state_dict()``.
 
-    ``get_state_dict`` names the optimizer state by parameter (``optim.state.wte.weight.exp_avg``,
-    not by position) and keeps FSDP2's DTensors, so DCP writes only each rank's shard and, on
-    load, reads whichever saved pieces overlap this rank's new shard: 2 ranks' checkpoint
-    loads on 1 or on 4. The RNG keys name the rank, so each rank saves and reads its own.
+    ``get_state_dict`` names the optimizer state by parameter
+    (``optim.state.wte.weight.exp_avg``, not by position) and keeps FSDP2's DTensors, so
+    DCP writes only each rank's shard and, on load, reads whichever saved pieces overlap
+    this rank's new shard: 2 ranks' checkpoint loads on 1 or on 4. The RNG keys name the
+    rank, so each rank saves and reads its own.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int, with_rng: bool = True):
-        self.model, self.optimizer, self.rank, self.with_rng = model, optimizer, rank, with_rng
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        rank: int,
+        with_rng: bool = True,
+    ):
+        self.model, self.optimizer, self.rank, self.with_rng = (
+            model,
+            optimizer,
+            rank,
+            with_rng,
+        )
         self.device = next(model.parameters()).device
 
     def state_dict(self) -> dict:
@@ -84,7 +116,12 @@ class TrainingState:
     def load_state_dict(self, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
         if self.with_rng:
             rng = state["rng"][f"rank{self.rank}"]
             torch.set_rng_state(rng["cpu"])

@@ -1,8 +1,9 @@
-"""Checkers for the exercises that ask for code: call one with your code, read one line back.
+"""Checkers for the exercises that ask for code: call one with your code, read one line
+back.
 
 Each checker runs your code against a reference (PyTorch's own op, or the chapter's own
-implementation), on gloo or NCCL ranks through ``distlab.infra.launch.run_ranks`` where a
-collective is involved, with timeouts, so a hang becomes an error. It prints one line
+implementation), on gloo or NCCL ranks through ``distlab.infra.launch.run_ranks`` where
+a collective is involved, with timeouts, so a hang becomes an error. It prints one line
 starting with ``passed:`` that says what was compared, or raises an ``AssertionError``
 (``ValueError`` for an argument of the wrong kind) that says what is wrong.
 
@@ -40,7 +41,10 @@ from distlab.exercises.fault_tolerance import check_kill_during_shard_writes
 from distlab.exercises.fsdp_big_models import check_fill_blocks
 from distlab.exercises.fsdp_compile import check_parallelize
 from distlab.exercises.fsdp_prefetch_offload import check_set_prefetch_all
-from distlab.exercises.fsdp_scratch import check_bf16_unit, check_sgd_exposes_missing_division
+from distlab.exercises.fsdp_scratch import (
+    check_bf16_unit,
+    check_sgd_exposes_missing_division,
+)
 from distlab.exercises.lab2_ddp import check_loads_ddp_state
 from distlab.exercises.lab3_grad_accum import check_accumulates_by_tokens
 from distlab.exercises.planner import check_70b_plan

@@ -1,4 +1,5 @@
-"""The overlap and compression page, exercise: a comm hook that sends fp16, against torch's own."""
+"""The overlap and compression page, exercise: a comm hook that sends fp16, against
+torch's own."""
 
 import functools
 from collections.abc import Callable
@@ -8,11 +9,18 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from distlab.chapters.ddp_overlap import _batch, _model
-from distlab.exercises._common import on_ranks, passed, relative_difference, require_callable
+from distlab.exercises._common import (
+    on_ranks,
+    passed,
+    relative_difference,
+    require_callable,
+)
 from distlab.tools.comm_bytes import CountedAllReduce
 
-STEPS = 3  # the second step runs on the rebuilt buckets: a hook must work for any bucket
-TOLERANCE = 2e-3  # fp16 has an 11-bit significand: dividing before or after the sum rounds differently
+# the second step runs on the rebuilt buckets: a hook must work for any bucket
+STEPS = 3
+# fp16 has an 11-bit significand: dividing before or after the sum rounds differently
+TOLERANCE = 2e-3
 
 
 def _hooked_gradients(hook: Callable, bucket_cap_mb: float) -> dict:
@@ -38,14 +46,17 @@ def _both(hook: Callable, bucket_cap_mb: float) -> dict:
 
 
 def check_fp16_hook(hook: Callable, bucket_cap_mb: float = 0.1) -> None:
-    """``hook(process_group, bucket)`` must average the bucket over the ranks through an fp16
-    ``dist.all_reduce`` and return a future of the fp32 result, as ``fp16_compress_hook`` does:
-    the same gradients (to TOLERANCE, relative) and half the fp32 bytes, on 2 ranks with several buckets."""
+    """``hook(process_group, bucket)`` must average the bucket over the ranks through an
+    fp16 ``dist.all_reduce`` and return a future of the fp32 result, as
+    ``fp16_compress_hook`` does: the same gradients (to TOLERANCE, relative) and half
+    the fp32 bytes, on 2 ranks with several buckets."""
     require_callable(hook, "hook", "def hook(process_group, bucket): ...")
     ranks = on_ranks(functools.partial(_both, hook, bucket_cap_mb), 2, "your hook")
     for rank, got in enumerate(ranks):
         yours, torch_ = got["yours"], got["torch"]
-        for step, (mine, want) in enumerate(zip(yours["grads"], torch_["grads"], strict=True)):
+        for step, (mine, want) in enumerate(
+            zip(yours["grads"], torch_["grads"], strict=True)
+        ):
             diff = relative_difference(mine, want)
             if diff > TOLERANCE:
                 hint = (
@@ -53,12 +64,17 @@ def check_fp16_hook(hook: Callable, bucket_cap_mb: float = 0.1) -> None:
                     if abs(relative_difference(mine, 2 * want)) < TOLERANCE
                     else ""
                 )
-                raise AssertionError(f"rank {rank}, step {step}: gradients {diff:.1e} off fp16_compress_hook's{hint}")
+                raise AssertionError(
+                    f"rank {rank}, step {step}: gradients {diff:.1e} off "
+                    f"fp16_compress_hook's{hint}"
+                )
         half = yours["fp32_bytes"] // 2
         if any(sent != half for sent in yours["sent"]):
             raise AssertionError(
-                f"rank {rank}: your hook handed {yours['sent']} bytes to dist.all_reduce per step; "
-                f"fp16 is {half} (fp32 {yours['fp32_bytes']}). Call dist.all_reduce on the fp16 tensor"
+                f"rank {rank}: your hook handed {yours['sent']} bytes to "
+                "dist.all_reduce per step; "
+                f"fp16 is {half} (fp32 {yours['fp32_bytes']}). Call "
+                "dist.all_reduce on the fp16 tensor"
             )
     passed(
         f"your hook matches fp16_compress_hook to {TOLERANCE:.0e} over {STEPS} steps, "

@@ -13,28 +13,34 @@ from distlab.infra.experiment import gpt
 
 
 def _cpu_copy(state: dict) -> dict:
-    return {k: v.detach().cpu().clone() for k, v in state.items()}  # loadable where there is no GPU
+    # loadable where there is no GPU
+    return {k: v.detach().cpu().clone() for k, v in state.items()}
 
 
 def _ddp_state_dicts() -> dict:
-    """What lab 2 would save with ``model.state_dict()`` (the wrapper) and ``model.module.state_dict()``."""
+    """What lab 2 would save with ``model.state_dict()`` (the wrapper) and
+    ``model.module.state_dict()``."""
     from distlab.parallel import apply_ddp
 
     model = gpt("tiny", seed=1).to(rank_device())
     ddp = apply_ddp(model, rank_device())
-    return {"wrapper": _cpu_copy(ddp.state_dict()), "inner": _cpu_copy(ddp.module.state_dict())}
+    return {
+        "wrapper": _cpu_copy(ddp.state_dict()),
+        "inner": _cpu_copy(ddp.module.state_dict()),
+    }
 
 
 @functools.cache
 def _saved_by_ddp() -> dict:
-    """The two state dicts, saved once per process: a launch costs seconds, and each check
-    copies them before the reader's load sees them."""
-    return on_ranks(_ddp_state_dicts, 1, "saving a DDP model")[0]  # a real DDP wrapper, on one rank
+    """The two state dicts, saved once per process: a launch costs seconds, and each
+    check copies them before the reader's load sees them."""
+    # a real DDP wrapper, on one rank
+    return on_ranks(_ddp_state_dicts, 1, "saving a DDP model")[0]
 
 
 def check_loads_ddp_state(load: Callable) -> None:
-    """``load(model, state)`` must put a state dict saved from a DDP wrapper (keys ``module.*``)
-    into the plain GPT ``model``, every tensor, exactly."""
+    """``load(model, state)`` must put a state dict saved from a DDP wrapper (keys
+    ``module.*``) into the plain GPT ``model``, every tensor, exactly."""
     require_callable(load, "load", "def load(model, state): ...")
     saved = _saved_by_ddp()
     first_key = next(iter(saved["wrapper"]))
@@ -45,7 +51,8 @@ def check_loads_ddp_state(load: Callable) -> None:
     except Exception as error:
         message = " ".join(str(error).split())  # load_state_dict's message spans lines
         raise AssertionError(
-            f"your load raised {type(error).__name__}: {message[:240]}... (the saved keys look like {first_key!r})"
+            f"your load raised {type(error).__name__}: {message[:240]}... (the "
+            f"saved keys look like {first_key!r})"
         ) from error
     loaded = model.state_dict()
     for name, want in saved["inner"].items():
@@ -53,10 +60,12 @@ def check_loads_ddp_state(load: Callable) -> None:
         if not torch.equal(got, want):
             diff = (got - want).abs().max().item()
             raise AssertionError(
-                f"after your load, {name} differs from the saved model's (max abs diff {diff:.3g}): "
+                f"after your load, {name} differs from the saved model's (max "
+                f"abs diff {diff:.3g}): "
                 "was it skipped (strict=False loads nothing whose key does not match)?"
             )
     passed(
-        f"all {len(saved['inner'])} tensors of a state dict saved from a DDP wrapper ({first_key!r}, ...) "
+        f"all {len(saved['inner'])} tensors of a state dict saved from a DDP "
+        f"wrapper ({first_key!r}, ...) "
         "are in the plain GPT, exactly"
     )

@@ -5,9 +5,10 @@
     losses_with_loss_scaled("adamw", 4, max_norm=0)   # one process: a short run with the loss multiplied by 4
     check_accumulates_by_tokens(accumulate)           # exercise 4's checker
 
-Padded micro-batches are rows with different numbers of valid targets; every target after a
-row's length is -100, ``F.cross_entropy``'s default ``ignore_index``, which the GPT's loss uses,
-so ``model(x, y)`` returns the mean over the valid targets of its rows only.
+Padded micro-batches are rows with different numbers of valid targets; every target
+after a row's length is -100, ``F.cross_entropy``'s default ``ignore_index``, which the
+GPT's loss uses, so ``model(x, y)`` returns the mean over the valid targets of its rows
+only.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distlab.exercises._common import on_ranks, passed, rank_device, relative_difference, require_callable
+from distlab.exercises._common import (
+    on_ranks,
+    passed,
+    rank_device,
+    relative_difference,
+    require_callable,
+)
 
 IGNORE = -100  # F.cross_entropy's default ignore_index: a padded position, no target
 ROWS = 2  # rows per micro-batch
@@ -30,23 +37,31 @@ SEED = 1
 TINY_BLOCK = 64  # the tiny preset's block_size: the longest row
 
 
-def padded_global_batch(rows: int, seed: int = SEED) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random tokens (rows, T) and their targets, row i valid for its first L_i positions only."""
+def padded_global_batch(
+    rows: int, seed: int = SEED
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random tokens (rows, T) and their targets, row i valid for its first L_i
+    positions only."""
     from distlab.data import token_data
 
     gen = torch.Generator().manual_seed(seed)
     x = torch.randint(0, token_data().vocab_size, (rows, TINY_BLOCK + 1), generator=gen)
     x, y = x[:, :-1], x[:, 1:].clone()
     lengths = torch.randint(4, TINY_BLOCK + 1, (rows,), generator=gen)
-    y[torch.arange(TINY_BLOCK) >= lengths[:, None]] = IGNORE  # the padding: no loss there
+    # the padding: no loss there
+    y[torch.arange(TINY_BLOCK) >= lengths[:, None]] = IGNORE
     return x, y
 
 
 def rank_micro_batches(x, y, rank: int, world_size: int, accum_steps: int) -> list:
-    """This rank's rows of the global batch, as ``accum_steps`` micro-batches of ``ROWS`` rows."""
+    """This rank's rows of the global batch, as ``accum_steps`` micro-batches of
+    ``ROWS`` rows."""
     mine = slice(rank * accum_steps * ROWS, (rank + 1) * accum_steps * ROWS)
     device = rank_device()
-    return [(xm.to(device), ym.to(device)) for xm, ym in zip(x[mine].split(ROWS), y[mine].split(ROWS))]
+    return [
+        (xm.to(device), ym.to(device))
+        for xm, ym in zip(x[mine].split(ROWS), y[mine].split(ROWS))
+    ]
 
 
 def flat_grad(model: torch.nn.Module) -> torch.Tensor:
@@ -54,7 +69,8 @@ def flat_grad(model: torch.nn.Module) -> torch.Tensor:
 
 
 def reference_gradient(x, y) -> torch.Tensor:
-    """One process, the whole global batch: the gradient of the mean over every valid target."""
+    """One process, the whole global batch: the gradient of the mean over every valid
+    target."""
     from distlab.infra.experiment import gpt
 
     model = gpt("tiny", seed=SEED)
@@ -64,8 +80,14 @@ def reference_gradient(x, y) -> torch.Tensor:
 
 
 def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The sum of the per-token losses over the valid targets (B, T) of ``logits`` (B, T, V)."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+    """The sum of the per-token losses over the valid targets (B, T) of ``logits`` (B,
+    T, V)."""
+    return F.cross_entropy(
+        logits.float().flatten(0, 1),
+        targets.flatten(),
+        ignore_index=IGNORE,
+        reduction="sum",
+    )
 
 
 @dataclass(frozen=True)
@@ -73,13 +95,17 @@ class TokenCounts:
     accum_steps: int  # micro-batches per rank, k
     world_size: int  # ranks, N
     rank_tokens: int  # valid targets in this rank's k micro-batches
-    global_tokens: int  # valid targets in the whole global batch: every micro-batch of every rank
+    # valid targets in the whole global batch: every micro-batch of every rank
+    global_tokens: int
 
 
 # --- begin normalisers ---
 def mean_of_means(logits, targets, counts: TokenCounts):
-    """Lab 3's division: the micro-batch's mean over its own valid targets, divided by k."""
-    return token_loss_sum(logits, targets) / (targets != IGNORE).sum() / counts.accum_steps
+    """Lab 3's division: the micro-batch's mean over its own valid targets, divided by
+    k."""
+    return (
+        token_loss_sum(logits, targets) / (targets != IGNORE).sum() / counts.accum_steps
+    )
 
 
 def rank_tokens(logits, targets, counts: TokenCounts):
@@ -94,30 +120,40 @@ def global_tokens(logits, targets, counts: TokenCounts):
 
 
 # --- end normalisers ---
-NORMALISERS = {"mean_of_means": mean_of_means, "rank_tokens": rank_tokens, "global_tokens": global_tokens}
+NORMALISERS = {
+    "mean_of_means": mean_of_means,
+    "rank_tokens": rank_tokens,
+    "global_tokens": global_tokens,
+}
 
 
 def count_tokens(micro_batches: list, world_size: int) -> TokenCounts:
     """The counts every normaliser may use; every rank must call it (it all-reduces)."""
     local = sum(int((y != IGNORE).sum()) for _, y in micro_batches)
     total = torch.tensor(local, device=rank_device())
-    dist.all_reduce(total)  # one small all-reduce before the step: every rank's count, summed
+    # one small all-reduce before the step: every rank's count, summed
+    dist.all_reduce(total)
     return TokenCounts(len(micro_batches), world_size, local, int(total))
 
 
 def fresh_ddp():
-    """The tiny GPT in DDP on this rank's device, before its first step (so all its gradients in one bucket)."""
+    """The tiny GPT in DDP on this rank's device, before its first step (so all its
+    gradients in one bucket)."""
     from distlab.infra.experiment import gpt
     from distlab.parallel import apply_ddp
 
     return apply_ddp(gpt("tiny", seed=SEED).to(rank_device()), rank_device())
 
 
-def accumulate_with(model, micro_batches: list, normaliser: Callable, counts: TokenCounts) -> None:
-    """Lab 3's accumulation, with ``normaliser`` in place of ``micro_loss / accum_steps``."""
+def accumulate_with(
+    model, micro_batches: list, normaliser: Callable, counts: TokenCounts
+) -> None:
+    """Lab 3's accumulation, with ``normaliser`` in place of ``micro_loss /
+    accum_steps``."""
     for i, (x, y) in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
-        with contextlib.nullcontext() if last else model.no_sync():  # forward AND backward inside
+        # forward AND backward inside
+        with contextlib.nullcontext() if last else model.no_sync():
             logits, _ = model(x)
             normaliser(logits, y, counts).backward()
 
@@ -140,7 +176,8 @@ def normaliser_errors(accum_steps: int = 2) -> dict:
 
 
 def count_bucket_allreduces(model) -> list:
-    """A list that DDP's communication hook appends each bucket it reduces to (then the default all-reduce)."""
+    """A list that DDP's communication hook appends each bucket it reduces to (then the
+    default all-reduce)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     reduced = []
@@ -155,14 +192,21 @@ def count_bucket_allreduces(model) -> list:
 
 # --- begin placements ---
 def no_sync_placements() -> dict:
-    """Bucket all-reduces in the backward of a first micro-batch whose forward, backward, both
-    or neither ran inside ``no_sync()``; then in the backward of a last, synced micro-batch."""
+    """Bucket all-reduces in the backward of a first micro-batch whose forward,
+    backward, both or neither ran inside ``no_sync()``; then in the backward of a last,
+    synced micro-batch."""
     model = fresh_ddp()
     reduced = count_bucket_allreduces(model)
     x, _ = padded_global_batch(2 * ROWS)
-    x = x.view(2, ROWS, TINY_BLOCK).to(rank_device())  # two micro-batches of random tokens
+    # two micro-batches of random tokens
+    x = x.view(2, ROWS, TINY_BLOCK).to(rank_device())
     counts = {}
-    for forward_in, backward_in in ((True, True), (True, False), (False, True), (False, False)):
+    for forward_in, backward_in in (
+        (True, True),
+        (True, False),
+        (False, True),
+        (False, False),
+    ):
         reduced.clear()
         with model.no_sync() if forward_in else contextlib.nullcontext():
             _, loss = model(x[0], x[0])
@@ -180,30 +224,37 @@ def no_sync_placements() -> dict:
 
 
 # --- begin scaled loss ---
-def losses_with_loss_scaled(optimizer: str, scale: float, max_norm: float = 0.0, steps: int = 12) -> dict:
-    """One process, the tiny GPT: ``steps`` steps with ``(loss * scale).backward()``, as a lab that
-    forgot to divide by k = ``scale`` would take them. ``max_norm`` 0: no clipping."""
+def losses_with_loss_scaled(
+    optimizer: str, scale: float, max_norm: float = 0.0, steps: int = 12
+) -> dict:
+    """One process, the tiny GPT: ``steps`` steps with ``(loss * scale).backward()``, as
+    a lab that forgot to divide by k = ``scale`` would take them. ``max_norm`` 0: no
+    clipping."""
     from distlab.data import token_data
     from distlab.infra.experiment import gpt
 
     model = gpt("tiny", seed=SEED)
     if optimizer == "adamw":  # lab 3's AdamW, one parameter group
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1
+        )
     elif optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
     else:
         raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
     losses, clipped = [], 0
     threads = torch.get_num_threads()
-    # matrices this small run faster on one thread: on the 2-core build machine, busy with other
-    # jobs, 12 steps took 0.4-0.5 s on one thread and 4-8 s on two
+    # matrices this small run faster on one thread: on the 2-core build machine, busy
+    # with other jobs, 12 steps took 0.4-0.5 s on one thread and 4-8 s on two
     torch.set_num_threads(1)
     try:
         for step in range(steps):
             x, y = token_data().batch("train", step, 8, TINY_BLOCK, SEED)
             _, loss = model(x, y)
             (loss * scale).backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm or math.inf)
+            norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), max_norm or math.inf
+            )
             clipped += bool(max_norm) and norm.item() > max_norm
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -217,7 +268,9 @@ def losses_with_loss_scaled(optimizer: str, scale: float, max_norm: float = 0.0,
 
 
 MISTAKES = {
-    "mean_of_means": "each micro-batch's own mean divided by k (lab 3's division, right only for equal counts)",
+    "mean_of_means": "each micro-batch's own mean divided by k (lab 3's division, right only for "
+    ""
+    "equal counts)",
     "rank_tokens": "a division by this rank's count of valid targets, not the global count",
 }
 
@@ -228,7 +281,8 @@ def _check_on_rank(accumulate: Callable, accum_steps: int) -> dict:
     micro_batches = rank_micro_batches(x, y, rank, world_size, accum_steps)
     want = reference_gradient(x, y)
     counts = count_tokens(micro_batches, world_size)
-    wrong = {}  # the gradients of the usual mistakes, to name the one the reader's equals
+    # the gradients of the usual mistakes, to name the one the reader's equals
+    wrong = {}
     for name in ("mean_of_means", "rank_tokens"):
         model = fresh_ddp()
         accumulate_with(model, micro_batches, NORMALISERS[name], counts)
@@ -241,7 +295,8 @@ def _check_on_rank(accumulate: Callable, accum_steps: int) -> dict:
         return {"missing": sum(g is None for g in grads)}
     probe = fresh_ddp()
     probe_reduced = count_bucket_allreduces(probe)
-    probe(micro_batches[0][0])[0].float().sum().backward()  # one synced backward of a fresh model
+    # one synced backward of a fresh model
+    probe(micro_batches[0][0])[0].float().sum().backward()
     one_backward = len(probe_reduced)
     return {
         "error": relative_difference(flat_grad(model), want),
@@ -252,37 +307,58 @@ def _check_on_rank(accumulate: Callable, accum_steps: int) -> dict:
     }
 
 
-def check_accumulates_by_tokens(accumulate: Callable, nprocs: int = 2, accum_steps: int = 3) -> None:
-    """``accumulate(model, micro_batches)``, on every rank: ``model`` is the tiny GPT in DDP,
-    ``micro_batches`` this rank's list of ``(x, y)`` with padded targets (-100). It must leave
-    in every ``.grad`` the gradient of the mean loss over every valid target of the global
-    batch (all micro-batches of all ranks), with one backward's worth of gradient all-reduces."""
-    require_callable(accumulate, "accumulate", "def accumulate(model, micro_batches): ...")
-    results = on_ranks(functools.partial(_check_on_rank, accumulate, accum_steps), nprocs, "your accumulate")
+def check_accumulates_by_tokens(
+    accumulate: Callable, nprocs: int = 2, accum_steps: int = 3
+) -> None:
+    """``accumulate(model, micro_batches)``, on every rank: ``model`` is the tiny GPT in
+    DDP, ``micro_batches`` this rank's list of ``(x, y)`` with padded targets (-100). It
+    must leave in every ``.grad`` the gradient of the mean loss over every valid target
+    of the global batch (all micro-batches of all ranks), with one backward's worth of
+    gradient all-reduces."""
+    require_callable(
+        accumulate, "accumulate", "def accumulate(model, micro_batches): ..."
+    )
+    results = on_ranks(
+        functools.partial(_check_on_rank, accumulate, accum_steps),
+        nprocs,
+        "your accumulate",
+    )
     for rank, result in enumerate(results):
         if "missing" in result:
-            raise AssertionError(f"rank {rank}: {result['missing']} parameters have no .grad: did every backward run?")
+            raise AssertionError(
+                f"rank {rank}: {result['missing']} parameters have no .grad: "
+                "did every backward run?"
+            )
         if result["reduced"] == 0:
             raise AssertionError(
-                f"rank {rank}: DDP all-reduced no gradient: the last micro-batch's forward and backward must run "
+                f"rank {rank}: DDP all-reduced no gradient: the last "
+                "micro-batch's forward and backward must run "
                 "outside model.no_sync()"
             )
         if result["reduced"] > result["one_backward"]:
             raise AssertionError(
-                f"rank {rank}: DDP reduced {result['reduced']} buckets, one backward's worth is "
-                f"{result['one_backward']}: is every forward but the last inside model.no_sync()? (DDP decides "
+                f"rank {rank}: DDP reduced {result['reduced']} buckets, one "
+                "backward's worth is "
+                f"{result['one_backward']}: is every forward but the last "
+                "inside model.no_sync()? (DDP decides "
                 "in forward whether the next backward reduces)"
             )
         if result["error"] > 1e-5:
-            match = min(result["wrong"], key=lambda name: abs(result["wrong"][name] - result["error"]))
+            match = min(
+                result["wrong"],
+                key=lambda name: abs(result["wrong"][name] - result["error"]),
+            )
             same = abs(result["wrong"][match] - result["error"]) < 1e-6
             hint = f"; it is the gradient of {MISTAKES[match]}" if same else ""
             raise AssertionError(
-                f"rank {rank}: your gradient differs from the one-process mean over all {result['global_tokens']} "
+                f"rank {rank}: your gradient differs from the one-process mean "
+                f"over all {result['global_tokens']} "
                 f"valid targets by {result['error']:.2e} relative{hint}"
             )
     passed(
-        f"{nprocs} ranks x {accum_steps} padded micro-batches: the gradient of the mean over all "
+        f"{nprocs} ranks x {accum_steps} padded micro-batches: the gradient of "
+        "the mean over all "
         f"{results[0]['global_tokens']} valid targets (largest relative difference "
-        f"{max(r['error'] for r in results):.1e}), with {results[0]['reduced']} bucket all-reduce(s) per rank"
+        f"{max(r['error'] for r in results):.1e}), with {results[0]['reduced']} "
+        "bucket all-reduce(s) per rank"
     )

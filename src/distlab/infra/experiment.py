@@ -1,14 +1,15 @@
-"""One experiment harness: the GPT and its data, wrapped by strategy name, trained and timed.
+"""One experiment harness: the GPT and its data, wrapped by strategy name, trained and
+timed.
 
     train("single", "tiny", steps=10)                   # one process, the whole batch
     run_ranks(train, nprocs=2, args=("ddp-bucketed",))  # on every rank, each on its rows
 
-Every chapter and benchmark that compares ways of training runs them through ``train``: the
-same model (``seed``), the same batches (``TokenData.batch`` by global step), fused AdamW,
-the same loss reduction and the same timing rule, so two strategies differ only by their
-wrapper. ``STRATEGIES`` is the one vocabulary of strategy names in the repository; a
-chapter's extra measurement (phases, bytes, peaks) goes around ``train``, through its
-``trace`` list or its ``around_step`` hook.
+Every chapter and benchmark that compares ways of training runs them through ``train``:
+the same model (``seed``), the same batches (``TokenData.batch`` by global step), fused
+AdamW, the same loss reduction and the same timing rule, so two strategies differ only
+by their wrapper. ``STRATEGIES`` is the one vocabulary of strategy names in the
+repository; a chapter's extra measurement (phases, bytes, peaks) goes around ``train``,
+through its ``trace`` list or its ``around_step`` hook.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ from distlab.memory import state_bytes
 from distlab.model import GPT, Block, preset
 from distlab.parallel import apply_ddp, apply_fsdp
 from distlab.runtime import DTYPES, dist_env, pick_device, rank_world, synchronize
-from distlab.scratch.data_parallel import ScratchDataParallel, SequentialDataParallel, replica_devices
+from distlab.scratch.data_parallel import (
+    ScratchDataParallel,
+    SequentialDataParallel,
+    replica_devices,
+)
 from distlab.scratch.ddp import BucketedDDP, HookDDP, NaiveDDP
 from distlab.scratch.fsdp import shard_model
 
@@ -38,22 +43,27 @@ WARMUP_STEPS = 2  # steps not timed: the first ones warm up the allocator and ca
 class WrapOptions:
     """The knobs a wrapper may read; each strategy reads the ones it has."""
 
-    # ddp, ddp-bucketed: gradient bucket size in MiB; None leaves the wrapper's default. torch DDP
-    # keeps its small first bucket (1 MiB) only when bucket_cap_mb is NOT passed: an explicit
-    # value, even the default 25, makes every bucket that size (torch/nn/parallel/distributed.py)
+    # ddp, ddp-bucketed: gradient bucket size in MiB; None leaves the wrapper's default.
+    # torch DDP keeps its small first bucket (1 MiB) only when bucket_cap_mb is NOT
+    # passed: an explicit value, even the default 25, makes every bucket that size
+    # (torch/nn/parallel/distributed.py)
     bucket_cap_mb: float | None = None
     replicas: int = 2  # dp-scratch*: replicas (the CPU n times, or GPUs 0..n-1)
-    trace: list | None = None  # dp-scratch*, fsdp-scratch*: filled with the step's timed pieces
+    # dp-scratch*, fsdp-scratch*: filled with the step's timed pieces
+    trace: list | None = None
 
 
 @dataclass(frozen=True)
 class Strategy:
     """How one named strategy wraps the model, and how the batch is split for it."""
 
-    wrap: Callable[[GPT, torch.device, WrapOptions], nn.Module]  # model on device -> what to call
-    distributed: bool  # one rank per process, each on its rows; False: the whole batch here
+    # model on device -> what to call
+    wrap: Callable[[GPT, torch.device, WrapOptions], nn.Module]
+    # one rank per process, each on its rows; False: the whole batch here
+    distributed: bool
     about: str  # what it is, in a few words
-    intra_op_threads: int | None = None  # torch threads for the run; None: as the process has them
+    # torch threads for the run; None: as the process has them
+    intra_op_threads: int | None = None
 
 
 def _scratch_dp(cls: type):
@@ -67,12 +77,18 @@ def _scratch_dp(cls: type):
 
 def _bucket_kwargs(options: WrapOptions) -> dict:
     """``bucket_cap_mb`` only if it was set: passing the default is not the default."""
-    return {} if options.bucket_cap_mb is None else {"bucket_cap_mb": options.bucket_cap_mb}
+    return (
+        {}
+        if options.bucket_cap_mb is None
+        else {"bucket_cap_mb": options.bucket_cap_mb}
+    )
 
 
 def _scratch_ddp(cls: type):
     def wrap(model, device, options):
-        return cls(model, **_bucket_kwargs(options)) if cls is BucketedDDP else cls(model)
+        return (
+            cls(model, **_bucket_kwargs(options)) if cls is BucketedDDP else cls(model)
+        )
 
     return wrap
 
@@ -80,7 +96,12 @@ def _scratch_ddp(cls: type):
 def _scratch_fsdp(reshard_after_forward: bool):
     def wrap(model, device, options):
         # in place: the model is what to call; each Block is a unit, as in apply_fsdp
-        shard_model(model, {Block}, reshard_after_forward=reshard_after_forward, trace=options.trace)
+        shard_model(
+            model,
+            {Block},
+            reshard_after_forward=reshard_after_forward,
+            trace=options.trace,
+        )
         return model
 
     return wrap
@@ -92,44 +113,80 @@ def shard_hybrid(model: GPT, device: torch.device, options: WrapOptions) -> nn.M
 
     n = dist.get_world_size()
     if n % 2:
-        raise ValueError(f"hsdp shards over groups of 2 ranks; {n} ranks do not split into them")
-    mesh = init_device_mesh(device.type, (n // 2, 2), mesh_dim_names=("replicate", "shard"))
+        raise ValueError(
+            f"hsdp shards over groups of 2 ranks; {n} ranks do not split into them"
+        )
+    mesh = init_device_mesh(
+        device.type, (n // 2, 2), mesh_dim_names=("replicate", "shard")
+    )
     return apply_fsdp(model, mesh=mesh)
 
 
-# the one vocabulary, lowercase and hyphenated: recorded results use these names, and the labs'
-# summary.json "strategy" is one of them plus its features ("ddp+accumulation")
+# the one vocabulary, lowercase and hyphenated: recorded results use these names, and
+# the labs' summary.json "strategy" is one of them plus its features
+# ("ddp+accumulation")
 STRATEGIES: dict[str, Strategy] = {
     "single": Strategy(lambda m, d, o: m, False, "one process, no wrapper"),
-    "ddp": Strategy(lambda m, d, o: apply_ddp(m, d, **_bucket_kwargs(o)), True, "torch DDP"),
-    "ddp-naive": Strategy(_scratch_ddp(NaiveDDP), True, "DDP from scratch: all-reduce after backward"),
-    "ddp-hooks": Strategy(_scratch_ddp(HookDDP), True, "DDP from scratch: a hook per parameter"),
-    "ddp-bucketed": Strategy(_scratch_ddp(BucketedDDP), True, "DDP from scratch: async buckets"),
-    "dp": Strategy(lambda m, d, o: nn.DataParallel(m), False, "nn.DataParallel (on a CPU: the module alone)"),
-    "dp-scratch": Strategy(_scratch_dp(ScratchDataParallel), False, "DataParallel from scratch: a thread each"),
+    "ddp": Strategy(
+        lambda m, d, o: apply_ddp(m, d, **_bucket_kwargs(o)), True, "torch DDP"
+    ),
+    "ddp-naive": Strategy(
+        _scratch_ddp(NaiveDDP), True, "DDP from scratch: all-reduce after backward"
+    ),
+    "ddp-hooks": Strategy(
+        _scratch_ddp(HookDDP), True, "DDP from scratch: a hook per parameter"
+    ),
+    "ddp-bucketed": Strategy(
+        _scratch_ddp(BucketedDDP), True, "DDP from scratch: async buckets"
+    ),
+    "dp": Strategy(
+        lambda m, d, o: nn.DataParallel(m),
+        False,
+        "nn.DataParallel (on a CPU: the module alone)",
+    ),
+    "dp-scratch": Strategy(
+        _scratch_dp(ScratchDataParallel),
+        False,
+        "DataParallel from scratch: a thread each",
+    ),
     "dp-scratch-1-intra-op": Strategy(
-        _scratch_dp(ScratchDataParallel), False, "dp-scratch with 1 intra-op thread", intra_op_threads=1
+        _scratch_dp(ScratchDataParallel),
+        False,
+        "dp-scratch with 1 intra-op thread",
+        intra_op_threads=1,
     ),
     "dp-scratch-no-threads": Strategy(
-        _scratch_dp(SequentialDataParallel), False, "dp-scratch's replicas one after the other"
+        _scratch_dp(SequentialDataParallel),
+        False,
+        "dp-scratch's replicas one after the other",
     ),
     "fsdp2": Strategy(lambda m, d, o: apply_fsdp(m), True, "torch FSDP2 (fully_shard)"),
     "fsdp2-no-reshard": Strategy(
-        lambda m, d, o: apply_fsdp(m, reshard_after_forward=False), True, "FSDP2, blocks kept gathered to backward"
+        lambda m, d, o: apply_fsdp(m, reshard_after_forward=False),
+        True,
+        "FSDP2, blocks kept gathered to backward",
     ),
     "fsdp2-bf16": Strategy(
-        lambda m, d, o: apply_fsdp(m, param_dtype=DTYPES["bf16"]), True, "FSDP2 computing in bf16, fp32 shards"
+        lambda m, d, o: apply_fsdp(m, param_dtype=DTYPES["bf16"]),
+        True,
+        "FSDP2 computing in bf16, fp32 shards",
     ),
     "hsdp": Strategy(shard_hybrid, True, "FSDP2 on a (replicate, shard) mesh"),
-    "fsdp-scratch": Strategy(_scratch_fsdp(True), True, "FSDP from scratch (flat shards)"),
-    "fsdp-scratch-no-reshard": Strategy(_scratch_fsdp(False), True, "fsdp-scratch, blocks kept gathered"),
+    "fsdp-scratch": Strategy(
+        _scratch_fsdp(True), True, "FSDP from scratch (flat shards)"
+    ),
+    "fsdp-scratch-no-reshard": Strategy(
+        _scratch_fsdp(False), True, "fsdp-scratch, blocks kept gathered"
+    ),
 }
 
 
 def strategy(name: str) -> Strategy:
     """The strategy called ``name``; a ValueError listing the names for any other."""
     if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+        raise ValueError(
+            f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}"
+        )
     return STRATEGIES[name]
 
 
@@ -146,7 +203,8 @@ def intra_op_threads(n: int | None):
 
 
 def gpt(preset_name: str = "tiny", seed: int = 1337) -> GPT:
-    """The preset's GPT on the CPU, with the vocabulary of the data every experiment uses."""
+    """The preset's GPT on the CPU, with the vocabulary of the data every experiment
+    uses."""
     return GPT(preset(preset_name, vocab_size=token_data().vocab_size), seed=seed)
 
 
@@ -160,7 +218,9 @@ class Experiment:
     optimizer: torch.optim.Optimizer
     data: TokenData
     device: torch.device
-    rank: int  # rank 0 of world size 1 for a strategy that is not distributed: the whole batch here
+    # rank 0 of world size 1 for a strategy that is not distributed: the whole batch
+    # here
+    rank: int
     world_size: int
     global_batch: int
     seed: int
@@ -168,9 +228,19 @@ class Experiment:
     def loss(self, step: int) -> torch.Tensor:
         """The mean loss of this rank's rows of global batch ``step`` (a scalar)."""
         T = self.model.config.block_size
-        x, y = self.data.batch("train", step, self.global_batch, T, self.seed, self.rank, self.world_size, self.device)
+        x, y = self.data.batch(
+            "train",
+            step,
+            self.global_batch,
+            T,
+            self.seed,
+            self.rank,
+            self.world_size,
+            self.device,
+        )
         loss = self.wrapped(x, y)[1]
-        return loss.mean()  # DataParallel gathers one loss per replica; a scalar stays itself
+        # DataParallel gathers one loss per replica; a scalar stays itself
+        return loss.mean()
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward, then whatever gradient sync the wrapper leaves to be finished."""
@@ -187,7 +257,8 @@ def build(
     lr: float = 1e-3,
     options: WrapOptions | None = None,
 ) -> Experiment:
-    """The GPT on this rank's device (every rank the same weights), wrapped, with fused AdamW."""
+    """The GPT on this rank's device (every rank the same weights), wrapped, with fused
+    AdamW."""
     how = strategy(strategy_name)
     if how.distributed and not dist.is_initialized():
         raise RuntimeError(
@@ -196,14 +267,26 @@ def build(
         )
     rank, world_size = rank_world() if how.distributed else (0, 1)
     if global_batch < 1 or global_batch % world_size:
-        raise ValueError(f"global batch {global_batch} does not split over {world_size} ranks")
+        raise ValueError(
+            f"global batch {global_batch} does not split over {world_size} ranks"
+        )
     device = pick_device("auto", dist_env()[1])
-    model = gpt(preset_name, seed).to(device)  # move first, wrap second: wrappers hook the moved tensors
+    # move first, wrap second: wrappers hook the moved tensors
+    model = gpt(preset_name, seed).to(device)
     wrapped = how.wrap(model, device, options or WrapOptions())
     # the optimizer sees model.parameters() after wrapping: under FSDP, the shards
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
     return Experiment(
-        strategy_name, model, wrapped, optimizer, token_data(), device, rank, world_size, global_batch, seed
+        strategy_name,
+        model,
+        wrapped,
+        optimizer,
+        token_data(),
+        device,
+        rank,
+        world_size,
+        global_batch,
+        seed,
     )
 
 
@@ -215,19 +298,21 @@ def train(
     seed: int = 1337,
     lr: float = 1e-3,
     options: WrapOptions | None = None,
-    around_step: Callable[[Experiment, int], contextlib.AbstractContextManager] | None = None,
+    around_step: Callable[[Experiment, int], contextlib.AbstractContextManager]
+    | None = None,
 ) -> dict:
-    """``steps`` AdamW steps under ``strategy_name`` on this rank; plain data back (picklable).
+    """``steps`` AdamW steps under ``strategy_name`` on this rank; plain data back
+    (picklable).
 
     Returns the global mean loss of every step (the same on every rank), every step's
     seconds, tokens/s over the steps after ``WARMUP_STEPS`` (None when there are none),
     this rank's bytes of parameters, gradients and AdamW state right after the first
-    optimizer step (AdamW allocates its state then), and ``last_step``: when its forward,
-    backward and optimizer phases began and ended (``time.perf_counter`` of this process).
-    ``options.trace`` holds the last step's pieces from the wrappers that record them.
-    ``around_step(experiment, step)``: a context around each step's forward, backward and
-    optimizer step (the gradients are still there when it exits), for a chapter's own
-    measurements; it runs inside the timed step.
+    optimizer step (AdamW allocates its state then), and ``last_step``: when its
+    forward, backward and optimizer phases began and ended (``time.perf_counter`` of
+    this process). ``options.trace`` holds the last step's pieces from the wrappers that
+    record them. ``around_step(experiment, step)``: a context around each step's
+    forward, backward and optimizer step (the gradients are still there when it exits),
+    for a chapter's own measurements; it runs inside the timed step.
     """
     if steps < 1:
         raise ValueError(f"steps must be positive, got {steps}")
@@ -249,14 +334,17 @@ def train(
                 optimizer_start = time.perf_counter()
                 exp.optimizer.step()
             if first_state is None:
-                first_state = state_bytes(exp.model, exp.optimizer)  # gradients and AdamW state exist now
+                # gradients and AdamW state exist now
+                first_state = state_bytes(exp.model, exp.optimizer)
             exp.optimizer.zero_grad(set_to_none=True)
             synchronize(exp.device)
             end = time.perf_counter()
             total = loss.detach().float().clone()
             if exp.world_size > 1:
-                dist.all_reduce(total)  # SUM of the ranks' means (gloo has no AVG for every op) ...
-            losses.append(total.item() / exp.world_size)  # ... over N: the global batch's mean
+                # SUM of the ranks' means (gloo has no AVG for every op) ...
+                dist.all_reduce(total)
+            # ... over N: the global batch's mean
+            losses.append(total.item() / exp.world_size)
             # --- end step ---
             seconds.append(time.perf_counter() - start)
             last_step = {

@@ -12,16 +12,23 @@ from distlab.infra.paths import LABS_DIR
 
 
 def lab_diff(old: str, new: str, context: int = 2) -> str:
-    """Unified diff of ``src/labs/<old>`` -> ``src/labs/<new>``, with repository-relative names."""
+    """Unified diff of ``src/labs/<old>`` -> ``src/labs/<new>``, with
+    repository-relative names."""
     a = (LABS_DIR / old).read_text().splitlines()
     b = (LABS_DIR / new).read_text().splitlines()
-    return "\n".join(difflib.unified_diff(a, b, f"src/labs/{old}", f"src/labs/{new}", n=context, lineterm=""))
+    return "\n".join(
+        difflib.unified_diff(
+            a, b, f"src/labs/{old}", f"src/labs/{new}", n=context, lineterm=""
+        )
+    )
 
 
 def changed_lines(old: str, new: str) -> tuple[int, int]:
     """(lines removed, lines added) between two labs."""
     lines = lab_diff(old, new, context=0).splitlines()[2:]
-    return sum(ln.startswith("-") for ln in lines), sum(ln.startswith("+") for ln in lines)
+    return sum(ln.startswith("-") for ln in lines), sum(
+        ln.startswith("+") for ln in lines
+    )
 
 
 def show_lab_diff(old: str, new: str):
@@ -29,4 +36,7 @@ def show_lab_diff(old: str, new: str):
     from IPython.display import Markdown
 
     removed, added = changed_lines(old, new)
-    return Markdown(f"`{old}` → `{new}`: {added} lines added, {removed} removed\n\n```diff\n{lab_diff(old, new)}\n```")
+    return Markdown(
+        f"`{old}` → `{new}`: {added} lines added, {removed} "
+        f"removed\n\n```diff\n{lab_diff(old, new)}\n```"
+    )

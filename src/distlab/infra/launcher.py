@@ -1,13 +1,13 @@
-"""The machinery under ``distlab.infra.launch``: the launcher process, what each rank runs, the
-launcher's output followed line by line, and the report of a failed rank.
+"""The machinery under ``distlab.infra.launch``: the launcher process, what each rank
+runs, the launcher's output followed line by line, and the report of a failed rank.
 
     proc = start_launcher(spec_path, log_path, env)   # a forkserver child in a session of its own
     pump(log_path, done, output, quiet, muted)        # its output (and the ranks'), as it comes
     kill_session(proc)                                # on a timeout: the launcher and every rank
 
 The launcher runs PyTorch's elastic launcher (what ``torchrun`` uses) on the spec that
-``distlab.infra.launch`` pickled, and writes the ranks' results, or the failure that caused the others, back
-to a file.
+``distlab.infra.launch`` pickled, and writes the ranks' results, or the failure that
+caused the others, back to a file.
 """
 
 from __future__ import annotations
@@ -29,8 +29,15 @@ import cloudpickle
 
 
 # ---------------------------------------------------------------- inside each rank
-def rank_entry(fn_bytes: bytes, args: tuple, device_request: str, pg_timeout_s: float, init_group: bool) -> Any:
-    """What every rank runs for ``run_ranks``: join the process group, call the function, leave."""
+def rank_entry(
+    fn_bytes: bytes,
+    args: tuple,
+    device_request: str,
+    pg_timeout_s: float,
+    init_group: bool,
+) -> Any:
+    """What every rank runs for ``run_ranks``: join the process group, call the
+    function, leave."""
     import torch.distributed as dist
 
     from distlab.runtime import dist_env, init_distributed, pick_device
@@ -46,19 +53,23 @@ def rank_entry(fn_bytes: bytes, args: tuple, device_request: str, pg_timeout_s: 
 
 
 def script_entry(path: str, argv: tuple) -> None:
-    """What every rank runs for ``run_script``: the script as ``python path *argv`` would run it.
+    """What every rank runs for ``run_script``: the script as ``python path *argv``
+    would run it.
 
-    The rank is forked from the launcher, which has imported torch already, so the script
-    starts without paying for that import again on every rank (seconds per launch on a
-    small CPU). Its exit status and stderr reach ``_failure_report`` as a process's would.
+    The rank is forked from the launcher, which has imported torch already, so the
+    script starts without paying for that import again on every rank (seconds per launch
+    on a small CPU). Its exit status and stderr reach ``_failure_report`` as a process's
+    would.
     """
     import runpy
 
     sys.argv = [path, *argv]
-    sys.path.insert(0, str(Path(path).parent))  # as `python path` puts the script's folder first
+    # as `python path` puts the script's folder first
+    sys.path.insert(0, str(Path(path).parent))
     try:
         runpy.run_path(path, run_name="__main__")
-    except SystemExit as stop:  # sys.exit("message"): print it while stderr still goes to the rank's log
+    # sys.exit("message"): print it while stderr still goes to the rank's log
+    except SystemExit as stop:
         if isinstance(stop.code, str):
             print(stop.code, file=sys.stderr, flush=True)
             raise SystemExit(1) from None
@@ -67,18 +78,22 @@ def script_entry(path: str, argv: tuple) -> None:
 
 # ---------------------------------------------------------------- the launcher child
 # a stderr line that names the cause of a failure
-_NAMES_AN_ERROR = re.compile(r"Error\b|error:|Exception\b|what\(\)|Timed out|doesn't match")
+_NAMES_AN_ERROR = re.compile(
+    r"Error\b|error:|Exception\b|what\(\)|Timed out|doesn't match"
+)
 
 
 # A rank whose peer died fails a moment later with the peer's socket closed. Elastic's
-# get_first_failure picks the smallest timestamp, but its timestamps are whole seconds, so the
-# two often tie and the lower rank wins: a send-first ring on 2 ranks, where rank 1 timed out,
-# was once reported as rank 0's "Connection closed by peer" (a CI run of the tests).
+# get_first_failure picks the smallest timestamp, but its timestamps are whole seconds,
+# so the two often tie and the lower rank wins: a send-first ring on 2 ranks, where rank
+# 1 timed out, was once reported as rank 0's "Connection closed by peer" (a CI run of
+# the tests).
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 
 
 def _root_failure(err) -> tuple[int, Any]:
-    """The failure that caused the others: a rank's own error before a lost peer, then the earliest."""
+    """The failure that caused the others: a rank's own error before a lost peer, then
+    the earliest."""
 
     def order(item):
         rank, failure = item
@@ -100,15 +115,22 @@ def _failure_report(err, log_dir: str) -> tuple[int, str, str]:
     if not summary:  # a script that exited non-zero, or a signal: its stderr says why
         code = failure.exitcode
         summary = f"exit code {code}"
-        if code < 0 and -code in signal.valid_signals():  # -9: SIGKILL (the OOM killer, kill -9)
+        # -9: SIGKILL (the OOM killer, kill -9)
+        if code < 0 and -code in signal.valid_signals():
             summary += f" ({signal.Signals(-code).name})"
         # one node, so the global rank is the local rank that names the log folder
         logs = sorted(Path(log_dir).glob(f"*/attempt_*/{rank}/stderr.log"))
         if logs:
-            lines = [ln for ln in logs[-1].read_text(errors="replace").splitlines() if ln.strip()]
-            # the last line that names an error; after a C++ abort, Python's fatal-error dump
-            # (thread stacks, "Extension modules: ...") comes after it
-            cause = next((ln for ln in reversed(lines) if _NAMES_AN_ERROR.search(ln)), None)
+            lines = [
+                ln
+                for ln in logs[-1].read_text(errors="replace").splitlines()
+                if ln.strip()
+            ]
+            # the last line that names an error; after a C++ abort, Python's fatal-error
+            # dump (thread stacks, "Extension modules: ...") comes after it
+            cause = next(
+                (ln for ln in reversed(lines) if _NAMES_AN_ERROR.search(ln)), None
+            )
             if code > 0 and lines:
                 summary = cause or lines[-1]
             elif cause:
@@ -134,12 +156,13 @@ def _launcher_main(spec_path: str) -> None:
         rdzv_configs={"timeout": 60},
         max_restarts=0,
         monitor_interval=0.1,
-        # Where no GPU is visible, the ranks are forked: they start from this process, torch
-        # already imported (measured ~40% faster per launch). Where one is, they are spawned,
-        # fresh interpreters: CUDA cannot be used in a child forked from a process that
-        # initialised it, and on an H100 (torch 2.11) every forked GPU rank failed so ("Cannot
-        # re-initialize CUDA in forked subprocess"; their ancestor is the forkserver, which
-        # preloads torch and torch._dynamo), and forked CPU ranks aborted in backward
+        # Where no GPU is visible, the ranks are forked: they start from this process,
+        # torch already imported (measured ~40% faster per launch). Where one is, they
+        # are spawned, fresh interpreters: CUDA cannot be used in a child forked from a
+        # process that initialised it, and on an H100 (torch 2.11) every forked GPU rank
+        # failed so ("Cannot re-initialize CUDA in forked subprocess"; their ancestor is
+        # the forkserver, which preloads torch and torch._dynamo), and forked CPU ranks
+        # aborted in backward
         start_method=spec.get("start_method", "fork"),
         local_addr="127.0.0.1",
         logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL),
@@ -150,14 +173,16 @@ def _launcher_main(spec_path: str) -> None:
         outcome = {"results": [results[r] for r in sorted(results)]}
     except ChildFailedError as err:
         outcome = {"failure": _failure_report(err, log_dir)}
-    finally:  # the ranks' output has been teed to our log already; these copies are not needed
+    # the ranks' output has been teed to our log already; these copies are not needed
+    finally:
         shutil.rmtree(log_dir, ignore_errors=True)
     Path(spec["result_path"]).write_bytes(pickle.dumps(outcome))
 
 
 def _launcher_child(spec_path: str, log_path: str, env: dict[str, str]) -> None:
-    """The launcher process: its own session (so a timeout's killpg reaches every rank), the
-    caller's environment of now, and its output (and the ranks') into ``log_path``."""
+    """The launcher process: its own session (so a timeout's killpg reaches every rank),
+    the caller's environment of now, and its output (and the ranks') into ``log_path``.
+    """
     os.setsid()
     os.environ.clear()
     os.environ.update(env)
@@ -168,18 +193,19 @@ def _launcher_child(spec_path: str, log_path: str, env: dict[str, str]) -> None:
         stream.reconfigure(write_through=True)
     import torch
 
-    if "OMP_NUM_THREADS" in env:  # torch was imported before this variable was set: apply it
+    # torch was imported before this variable was set: apply it
+    if "OMP_NUM_THREADS" in env:
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     _launcher_main(spec_path)
 
 
 # ---------------------------------------------------------------- in the notebook
 # The launcher process is forked from a forkserver that imported torch once, instead of
-# starting a fresh interpreter per launch: importing torch is the largest fixed cost of a
-# launch on a small CPU (about 2 s of its 4), and a notebook or the tests launch dozens of times.
-# torch._dynamo too: a rank's first optimizer step, and elastic's logging of a failure, import
-# it (about 1.4 s each time); imported here once, a 2-step lab 2 run went from 2.3 to 1.0 s
-# and a failing launch from 2.5 to 0.6 s
+# starting a fresh interpreter per launch: importing torch is the largest fixed cost of
+# a launch on a small CPU (about 2 s of its 4), and a notebook or the tests launch
+# dozens of times. torch._dynamo too: a rank's first optimizer step, and elastic's
+# logging of a failure, import it (about 1.4 s each time); imported here once, a 2-step
+# lab 2 run went from 2.3 to 1.0 s and a failing launch from 2.5 to 0.6 s
 _PRELOAD = [
     "torch",
     "torch._dynamo",
@@ -198,14 +224,22 @@ def _context():
 
 
 def start_launcher(spec_path: str, log_path: str, env: dict[str, str]):
-    """Start the launcher process on the pickled spec at ``spec_path``; returns it, started."""
+    """Start the launcher process on the pickled spec at ``spec_path``; returns it,
+    started."""
     proc = _context().Process(target=_launcher_child, args=(spec_path, log_path, env))
     proc.start()
     return proc
 
 
-def pump(path: Path, done: threading.Event, output: list[str], quiet: bool, muted: threading.Event) -> None:
-    """Follow the launcher's output file line by line until ``done`` and nothing is left."""
+def pump(
+    path: Path,
+    done: threading.Event,
+    output: list[str],
+    quiet: bool,
+    muted: threading.Event,
+) -> None:
+    """Follow the launcher's output file line by line until ``done`` and nothing is
+    left."""
     with open(path, errors="replace") as stream:
         pending = ""
         while True:
@@ -231,7 +265,8 @@ _AGENT_LOG = re.compile(r"[EWI]\d{4} \d\d:\d\d:\d\d")
 
 
 def kill_session(proc) -> None:
-    """SIGTERM, then SIGKILL, to the launcher's session: the launcher and every rank it started."""
+    """SIGTERM, then SIGKILL, to the launcher's session: the launcher and every rank it
+    started."""
     for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)

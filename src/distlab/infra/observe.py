@@ -1,12 +1,13 @@
-"""Run ranks that are expected to fail, and report what each one saw: notebook plumbing for
-pages that break things on purpose (the debugging chapter runs every demo through it).
+"""Run ranks that are expected to fail, and report what each one saw: notebook plumbing
+for pages that break things on purpose (the debugging chapter runs every demo through
+it).
 
     outcome = observe(dying_rank_demo, pg_timeout=2)
     outcome.notes[0]["error"], outcome.notes[0]["waited_s"]   # what rank 0 saw, and when
 
-``observe`` never raises for a failed rank: a demo catches the error it provokes (``caught``)
-and returns what it saw; since a killed rank returns nothing, it also ``note``s it into a
-folder that ``observe`` makes and reads back.
+``observe`` never raises for a failed rank: a demo catches the error it provokes
+(``caught``) and returns what it saw; since a killed rank returns nothing, it also
+``note``s it into a folder that ``observe`` makes and reads back.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from distlab.runtime import rank_world
 # ---------------------------------------------------------------- inside the ranks
 def note(report: str, **fields) -> None:
     """Add ``fields`` to this rank's notes (``<report>/rank<r>.json``)."""
-    path = Path(report, f"rank{rank_world()[0]}.json")  # before the rank joins a group too: torchrun's RANK
+    # before the rank joins a group too: torchrun's RANK
+    path = Path(report, f"rank{rank_world()[0]}.json")
     notes = json.loads(path.read_text()) if path.exists() else {}
     partial = path.with_suffix(".tmp")
     partial.write_text(json.dumps({**notes, **fields}))
@@ -35,7 +37,8 @@ def note(report: str, **fields) -> None:
 
 @dataclass
 class Caught:
-    """What ``caught`` saw: the error (None if there was none) and how long the block ran."""
+    """What ``caught`` saw: the error (None if there was none) and how long the block
+    ran."""
 
     error: str | None = None
     waited_s: float = 0.0
@@ -43,7 +46,8 @@ class Caught:
 
 @contextlib.contextmanager
 def caught(report: str):
-    """Run the block; if it raises, note the error and how long the rank waited, and go on.
+    """Run the block; if it raises, note the error and how long the rank waited, and go
+    on.
 
     The demos catch their own failures and return, instead of letting the launch fail: a
     rank that returns while its peer fails can keep the launcher waiting, and a failed
@@ -53,16 +57,21 @@ def caught(report: str):
     try:
         yield box
     except Exception as err:
-        box.error, box.waited_s = f"{type(err).__name__}: {err}", time.perf_counter() - start
+        box.error, box.waited_s = (
+            f"{type(err).__name__}: {err}",
+            time.perf_counter() - start,
+        )
         note(report, error=box.error, waited_s=box.waited_s)
 
 
 def stuck(seconds: float) -> None:
-    """Stand in for a rank that is busy or blocked (a slow disk, a lock, a stuck loader).
+    """Stand in for a rank that is busy or blocked (a slow disk, a lock, a stuck
+    loader).
 
-    Sleeps in short slices: Python runs a signal handler only between bytecodes of the main
-    thread, so a long ``time.sleep`` can ignore the launcher's SIGTERM when the kernel hands
-    the signal to one of gloo's threads; then the launcher waits 30 s before SIGKILL.
+    Sleeps in short slices: Python runs a signal handler only between bytecodes of the
+    main thread, so a long ``time.sleep`` can ignore the launcher's SIGTERM when the
+    kernel hands the signal to one of gloo's threads; then the launcher waits 30 s
+    before SIGKILL.
     """
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -75,7 +84,8 @@ class Outcome:
     """One launch: its wall time, how it ended, and every rank's notes."""
 
     wall_s: float
-    failure: str | None  # the launcher's one-line summary, or None if every rank finished
+    # the launcher's one-line summary, or None if every rank finished
+    failure: str | None
     failed_rank: int | None
     results: list | None
     notes: dict[int, dict] = field(default_factory=dict)
@@ -94,17 +104,21 @@ def observe(
     """Run ``fn(report, *args)`` on ``nprocs`` ranks; never raises for a failed rank.
 
     ``report`` is a fresh temporary folder, or ``folder`` (kept afterwards) if given.
-    ``while_running(report)``, if given, is called in this process while the ranks run (the
-    debugging chapter uses it to signal a hung rank and to run py-spy on it); what it returns
-    is in the outcome's notes under -1.
+    ``while_running(report)``, if given, is called in this process while the ranks run
+    (the debugging chapter uses it to signal a hung rank and to run py-spy on it); what
+    it returns is in the outcome's notes under -1.
     """
     with contextlib.ExitStack() as stack:
-        report = folder or stack.enter_context(tempfile.TemporaryDirectory(prefix="distlab-debug-"))
+        report = folder or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="distlab-debug-")
+        )
         looked, failure, failed_rank, results = {}, None, None, None
         start = time.perf_counter()
         worker = None
         if while_running is not None:
-            worker = threading.Thread(target=lambda: looked.update(seen=while_running(report)))
+            worker = threading.Thread(
+                target=lambda: looked.update(seen=while_running(report))
+            )
             worker.start()
         try:
             results = run_ranks(
@@ -123,7 +137,10 @@ def observe(
         wall = time.perf_counter() - start
         if worker is not None:
             worker.join(timeout)
-        notes = {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(report).glob("rank*.json")}
+        notes = {
+            int(p.stem[4:]): json.loads(p.read_text())
+            for p in Path(report).glob("rank*.json")
+        }
         if looked:
             notes[-1] = looked["seen"]
         return Outcome(wall, failure, failed_rank, results, notes)
@@ -135,7 +152,8 @@ def wait_for_pids(report: str, nprocs: int = 2, timeout: float = 30) -> list[int
     while time.monotonic() < end:
         pids = {}
         for path in Path(report).glob("rank*.json"):
-            with contextlib.suppress(ValueError):  # a file being written: read it next time
+            # a file being written: read it next time
+            with contextlib.suppress(ValueError):
                 pids[int(path.stem[4:])] = json.loads(path.read_text()).get("pid")
         if len(pids) == nprocs and all(pids.values()):
             return [pids[r] for r in range(nprocs)]

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[3]  # src/distlab/infra/paths.py -> the repository
+# src/distlab/infra/paths.py -> the repository
+REPO_ROOT = Path(__file__).resolve().parents[3]
 LABS_DIR = REPO_ROOT / "src" / "labs"  # the six lab scripts
 EXAMPLES_DIR = REPO_ROOT / "src" / "examples"  # scripts the pages run by path
 RESULTS_DIR = REPO_ROOT / "results"  # recorded benchmarks the pages read

@@ -1,4 +1,5 @@
-"""Rows of dicts as a Markdown table, for notebook pages (rendered as an HTML table in the book).
+"""Rows of dicts as a Markdown table, for notebook pages (rendered as an HTML table in
+the book).
 
 markdown_table([{"ranks": 2, "MB": 82.21}], formats={"MB": "{:.1f}"})
 """
@@ -20,5 +21,7 @@ def markdown_table(rows: list[dict], formats: dict[str, str] | None = None):
         return text.replace("|", "\\|")
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(c, row[c]) for c in columns) + " |" for row in rows]
+    lines += [
+        "| " + " | ".join(cell(c, row[c]) for c in columns) + " |" for row in rows
+    ]
     return Markdown("\n".join(lines))

@@ -1,5 +1,5 @@
-"""Collective communication from scratch: a ring all-reduce, its schedule (and its pictures),
-its cost, and the deadlock that a naive ring of blocking sends walks into.
+"""Collective communication from scratch: a ring all-reduce, its schedule (and its
+pictures), its cost, and the deadlock that a naive ring of blocking sends walks into.
 
     ring_all_reduce(t)                 # in place, SUM, same result as dist.all_reduce(t)
     ring_schedule(4)                   # the same algorithm on paper, step by step
@@ -8,8 +8,8 @@ its cost, and the deadlock that a naive ring of blocking sends walks into.
     model_time(alpha, B, n, nbytes)    # its time in the alpha-beta model
 
 Every function that talks runs inside a rank that has joined the default process group
-(``distlab.infra.launch.run_ranks`` does that); ``ring_schedule`` and the cost model are plain
-Python.
+(``distlab.infra.launch.run_ranks`` does that); ``ring_schedule`` and the cost model are
+plain Python.
 """
 
 from __future__ import annotations
@@ -18,17 +18,23 @@ import torch
 import torch.distributed as dist
 
 
-def _send_recv(send_buf: torch.Tensor, dst: int, recv_buf: torch.Tensor, src: int) -> None:
+def _send_recv(
+    send_buf: torch.Tensor, dst: int, recv_buf: torch.Tensor, src: int
+) -> None:
     """Send to ``dst`` and receive from ``src`` at the same time."""
-    # Post both before waiting on either. Every rank of the ring sends and receives in the
-    # same step; a rank that finished its send before posting its receive would wait for a
-    # neighbour that is waiting for it (see blocking_ring_send_first below).
-    # One batch, not an irecv then an isend: PyTorch's NCCL backend queues unbatched sends and
-    # receives to the same peer on one CUDA stream (all of them, when the group was created
-    # with a device_id, as ours are), so with 2 ranks each rank's receive would wait for a
-    # send queued behind its peer's receive. A batch is one NCCL group call, whose sends and
-    # receives progress together. gloo cannot batch and posts the two one by one, as before.
-    batch = [dist.P2POp(dist.irecv, recv_buf, src), dist.P2POp(dist.isend, send_buf, dst)]
+    # Post both before waiting on either. Every rank of the ring sends and receives in
+    # the same step; a rank that finished its send before posting its receive would wait
+    # for a neighbour that is waiting for it (see blocking_ring_send_first below). One
+    # batch, not an irecv then an isend: PyTorch's NCCL backend queues unbatched sends
+    # and receives to the same peer on one CUDA stream (all of them, when the group was
+    # created with a device_id, as ours are), so with 2 ranks each rank's receive would
+    # wait for a send queued behind its peer's receive. A batch is one NCCL group call,
+    # whose sends and receives progress together. gloo cannot batch and posts the two
+    # one by one, as before.
+    batch = [
+        dist.P2POp(dist.irecv, recv_buf, src),
+        dist.P2POp(dist.isend, send_buf, dst),
+    ]
     for request in dist.batch_isend_irecv(batch):
         request.wait()
 
@@ -41,11 +47,13 @@ def ring_all_reduce(tensor: torch.Tensor, max_steps: int | None = None) -> torch
     look at the half-done state and compare it with ``ring_schedule``.
     """
     rank, n = dist.get_rank(), dist.get_world_size()
-    # a non-contiguous tensor has no flat view: work on a flat copy, write it back at the end
+    # a non-contiguous tensor has no flat view: work on a flat copy, write it back at
+    # the end
     contiguous = tensor.is_contiguous()
     flat = tensor.view(-1) if contiguous else tensor.flatten()
     # N views into the flat tensor; sizes differ by at most one, and some are empty when
-    # numel < N. Each rank computes the same split, so sender and receiver agree on sizes.
+    # numel < N. Each rank computes the same split, so sender and receiver agree on
+    # sizes.
     chunks = torch.tensor_split(flat, n)
     right, left = (rank + 1) % n, (rank - 1) % n
     steps = 2 * (n - 1) if max_steps is None else max_steps
@@ -74,7 +82,8 @@ def ring_all_reduce(tensor: torch.Tensor, max_steps: int | None = None) -> torch
 
 
 def ring_schedule(n_ranks: int) -> list[dict]:
-    """The ring all-reduce on paper: the state at the start and after each of its 2(N-1) steps.
+    """The ring all-reduce on paper: the state at the start and after each of its 2(N-1)
+    steps.
 
     Entry k (k = 0 is the start) has
       ``phase``    "start", "reduce-scatter" or "all-gather";
@@ -84,8 +93,17 @@ def ring_schedule(n_ranks: int) -> list[dict]:
       ``holds``    ``holds[r][c]``: the ranks whose contributions chunk c on rank r now sums.
     """
     n = n_ranks
-    holds = [[frozenset({r})] * n for r in range(n)]  # at the start each rank has only its own data
-    entries = [dict(phase="start", step=0, sends=[None] * n, receives=[None] * n, holds=[row[:] for row in holds])]
+    # at the start each rank has only its own data
+    holds = [[frozenset({r})] * n for r in range(n)]
+    entries = [
+        dict(
+            phase="start",
+            step=0,
+            sends=[None] * n,
+            receives=[None] * n,
+            holds=[row[:] for row in holds],
+        )
+    ]
     for phase, offset in (("reduce-scatter", 0), ("all-gather", 1)):
         for step in range(n - 1):
             sends = [(r - step + offset) % n for r in range(n)]
@@ -93,13 +111,20 @@ def ring_schedule(n_ranks: int) -> list[dict]:
             before = [row[:] for row in holds]
             for r in range(n):
                 left, c = (r - 1) % n, receives[r]
-                assert sends[left] == c  # what the left neighbour sends is what r receives
+                # what the left neighbour sends is what r receives
+                assert sends[left] == c
                 if phase == "reduce-scatter":  # add the incoming partial sum to our own
                     holds[r][c] = before[r][c] | before[left][c]
                 else:  # all-gather: the incoming chunk is complete, and replaces ours
                     holds[r][c] = before[left][c]
             entries.append(
-                dict(phase=phase, step=step + 1, sends=sends, receives=receives, holds=[row[:] for row in holds])
+                dict(
+                    phase=phase,
+                    step=step + 1,
+                    sends=sends,
+                    receives=receives,
+                    holds=[row[:] for row in holds],
+                )
             )
     return entries
 
@@ -110,29 +135,48 @@ def _cell(held: frozenset, n: int) -> tuple[str, tuple, str]:
     import matplotlib.pyplot as plt
 
     label = "all" if len(held) == n else "+".join(map(str, sorted(held)))
-    return label, plt.get_cmap("Blues")(0.15 + 0.75 * len(held) / n), "white" if len(held) / n > 0.6 else "black"
+    return (
+        label,
+        plt.get_cmap("Blues")(0.15 + 0.75 * len(held) / n),
+        "white" if len(held) / n > 0.6 else "black",
+    )
 
 
 def _title(entry: dict, n: int) -> str:
     start = entry["phase"] == "start"
-    return "start: each rank has only its own data" if start else f"{entry['phase']} {entry['step']} of {n - 1}"
+    return (
+        "start: each rank has only its own data"
+        if start
+        else f"{entry['phase']} {entry['step']} of {n - 1}"
+    )
 
 
 def ring_figure(n: int = 4):
-    """One grid per step (a row per rank, a column per chunk), each cell naming the ranks its
-    data sums so far; red frames mark the chunk each rank received in that step."""
+    """One grid per step (a row per rank, a column per chunk), each cell naming the
+    ranks its data sums so far; red frames mark the chunk each rank received in that
+    step."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
     schedule = ring_schedule(n)
     fig, axes = plt.subplots(2, n, figsize=(3.0 * n, 6.4))
-    for ax, entry in zip(axes.flat, [schedule[0], *schedule[1:n], None, *schedule[n:]]):  # None: between phases
+    # None: between phases
+    for ax, entry in zip(axes.flat, [schedule[0], *schedule[1:n], None, *schedule[n:]]):
         if entry is None:
             ax.axis("off")
             note = (
-                "after reduce-scatter,\nrank r holds the full\nsum of chunk r+1;\nall-gather passes\nthe full sums on"
+                "after reduce-scatter,\nrank r holds the full\nsum of chunk "
+                "r+1;\nall-gather passes\nthe full sums on"
             )
-            ax.text(0.5, 0.5, note, ha="center", va="center", fontsize=10, transform=ax.transAxes)
+            ax.text(
+                0.5,
+                0.5,
+                note,
+                ha="center",
+                va="center",
+                fontsize=10,
+                transform=ax.transAxes,
+            )
             continue
         ax.set(xlim=(-0.5, n - 0.5), ylim=(n - 0.5, -0.5), aspect="equal")
         ax.set_xticks(range(n), [f"chunk {c}" for c in range(n)], fontsize=8)
@@ -142,12 +186,28 @@ def ring_figure(n: int = 4):
         for r in range(n):
             for c in range(n):
                 label, fill, text = _cell(entry["holds"][r][c], n)
-                ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fc=fill, ec="white", lw=1.5))
+                ax.add_patch(
+                    Rectangle((c - 0.5, r - 0.5), 1, 1, fc=fill, ec="white", lw=1.5)
+                )
                 ax.text(c, r, label, ha="center", va="center", fontsize=8.5, color=text)
-            if (got := entry["receives"][r]) is not None:  # the chunk received in this step: a red frame
-                ax.add_patch(Rectangle((got - 0.46, r - 0.46), 0.92, 0.92, fill=False, ec="#d62728", lw=2.2))
+            # the chunk received in this step: a red frame
+            if (got := entry["receives"][r]) is not None:
+                ax.add_patch(
+                    Rectangle(
+                        (got - 0.46, r - 0.46),
+                        0.92,
+                        0.92,
+                        fill=False,
+                        ec="#d62728",
+                        lw=2.2,
+                    )
+                )
         ax.set_title(_title(entry, n), fontsize=10)
-    fig.suptitle(f"Ring all-reduce on {n} ranks: whose data each chunk sums (red: received in this step)", fontsize=12)
+    fig.suptitle(
+        f"Ring all-reduce on {n} ranks: whose data each chunk sums (red: "
+        "received in this step)",
+        fontsize=12,
+    )
     fig.tight_layout()
     return fig
 
@@ -162,28 +222,55 @@ def step_html(entry: dict, n: int) -> str:
         for c in range(n):
             label, fill, text = _cell(entry["holds"][r][c], n)
             border = "#d62728" if entry["receives"][r] == c else "white"
-            style = f"background:{to_hex(fill)};color:{text};border:3px solid {border};width:5.5em;height:2.2em"
-            cells += f'<td style="{style};text-align:center;font-family:monospace">{label}</td>'
-        rows.append(f'<tr><th style="padding-right:0.6em;text-align:right">rank {r}</th>{cells}</tr>')
+            style = (
+                f"background:{to_hex(fill)};color:{text};border:3px solid "
+                f"{border};width:5.5em;height:2.2em"
+            )
+            cells += (
+                "<td "
+                f'style="{style};text-align:center;font-family:monospace">{label}</td>'
+            )
+        rows.append(
+            '<tr><th style="padding-right:0.6em;text-align:right">rank '
+            f"{r}</th>{cells}</tr>"
+        )
     what = f"Each rank holds only its own tensor, cut into {n} chunks."
     if entry["phase"] != "start":
-        verb = "adds it into its own" if entry["phase"] == "reduce-scatter" else "overwrites its own copy"
+        verb = (
+            "adds it into its own"
+            if entry["phase"] == "reduce-scatter"
+            else "overwrites its own copy"
+        )
         sends = ", ".join(f"rank {r} → chunk {entry['sends'][r]}" for r in range(n))
-        what = f"Every rank sends one chunk to its right neighbour ({sends}); each receiver {verb} (red frame)."
-    header = "<tr><th></th>" + "".join(f"<th>chunk {c}</th>" for c in range(n)) + "</tr>"
+        what = (
+            f"Every rank sends one chunk to its right neighbour ({sends}); each "
+            f"receiver {verb} (red frame)."
+        )
+    header = (
+        "<tr><th></th>" + "".join(f"<th>chunk {c}</th>" for c in range(n)) + "</tr>"
+    )
     table = f"<table style='border-collapse:collapse'>{header}{''.join(rows)}</table>"
-    return f"<div style='font-size:0.95em'><b>{_title(entry, n)}</b><p>{what}</p>{table}</div>"
+    return (
+        "<div "
+        f"style='font-size:0.95em'><b>{_title(entry, n)}</b><p>{what}</p>{table}</div>"
+    )
 
 
 def ring_widget(n: int = 4):
-    """The steps behind a slider and a play button, rendered in advance: no kernel needed."""
+    """The steps behind a slider and a play button, rendered in advance: no kernel
+    needed."""
     import ipywidgets as widgets
 
     schedule = ring_schedule(n)
-    views = widgets.Stack([widgets.HTML(step_html(e, n)) for e in schedule], selected_index=0)
-    slider = widgets.IntSlider(value=0, min=0, max=len(schedule) - 1, description="step")
+    views = widgets.Stack(
+        [widgets.HTML(step_html(e, n)) for e in schedule], selected_index=0
+    )
+    slider = widgets.IntSlider(
+        value=0, min=0, max=len(schedule) - 1, description="step"
+    )
     play = widgets.Play(value=0, min=0, max=len(schedule) - 1, interval=1500)
-    widgets.jslink((play, "value"), (slider, "value"))  # links run in the browser: no Python callback
+    # links run in the browser: no Python callback
+    widgets.jslink((play, "value"), (slider, "value"))
     widgets.jslink((slider, "value"), (views, "selected_index"))
     return widgets.VBox([widgets.HBox([play, slider]), views])
 
@@ -191,38 +278,43 @@ def ring_widget(n: int = 4):
 def ring_bytes_sent_per_rank(numel: int, n_ranks: int, element_size: int) -> float:
     """Bytes each rank sends in a ring all-reduce: 2(N-1)/N of the tensor.
 
-    N-1 steps of reduce-scatter and N-1 of all-gather, each sending one chunk of 1/N of the
-    tensor (exact when N divides numel; otherwise chunk sizes differ by one element).
+    N-1 steps of reduce-scatter and N-1 of all-gather, each sending one chunk of 1/N of
+    the tensor (exact when N divides numel; otherwise chunk sizes differ by one
+    element).
     """
     return 2 * (n_ranks - 1) / n_ranks * numel * element_size
 
 
 def model_time(alpha: float, bandwidth: float, n: int, nbytes: int) -> float:
-    """The ring's alpha-beta model: 2(N-1) latencies plus 2(N-1)/N of the bytes at ``bandwidth``."""
+    """The ring's alpha-beta model: 2(N-1) latencies plus 2(N-1)/N of the bytes at
+    ``bandwidth``."""
     return 2 * (n - 1) * alpha + ring_bytes_sent_per_rank(nbytes, n, 1) / bandwidth
 
 
 def blocking_ring_send_first(tensor: torch.Tensor) -> torch.Tensor:
-    """Pass ``tensor`` one hop to the right with blocking calls, sending first. Deadlocks on gloo."""
+    """Pass ``tensor`` one hop to the right with blocking calls, sending first.
+    Deadlocks on gloo."""
     rank, n = dist.get_rank(), dist.get_world_size()
     received = torch.empty_like(tensor)
     # gloo's blocking send returns only once the right neighbour has posted its receive,
-    # whatever the size; but that neighbour is stuck in its own send, and so on round the
-    # ring. Every rank waits for the next one: with a process-group timeout they all fail.
+    # whatever the size; but that neighbour is stuck in its own send, and so on round
+    # the ring. Every rank waits for the next one: with a process-group timeout they all
+    # fail.
     dist.send(tensor, (rank + 1) % n)
     dist.recv(received, (rank - 1) % n)
     return received
 
 
 def parity_ring_exchange(tensor: torch.Tensor) -> torch.Tensor:
-    """The same exchange with blocking calls that cannot deadlock: odd ranks receive first."""
+    """The same exchange with blocking calls that cannot deadlock: odd ranks receive
+    first."""
     rank, n = dist.get_rank(), dist.get_world_size()
     received = torch.empty_like(tensor)
     if n == 1:
         return received.copy_(tensor)
-    # Rank 1 receives first, so rank 0's send completes, so rank 0 can receive, and so on:
-    # the cycle of waits is broken. With N odd, ranks N-1 and 0 are both even and both
-    # send first, but rank 0's send still completes because rank 1 is odd.
+    # Rank 1 receives first, so rank 0's send completes, so rank 0 can receive, and so
+    # on: the cycle of waits is broken. With N odd, ranks N-1 and 0 are both even and
+    # both send first, but rank 0's send still completes because rank 1 is odd.
     if rank % 2 == 0:
         dist.send(tensor, (rank + 1) % n)
         dist.recv(received, (rank - 1) % n)

@@ -9,15 +9,17 @@ Each wrapper is used like torch's DDP, plus one call after ``loss.backward()``:
     optimizer.step()
 
 Torch's DDP needs no such call: its C++ Reducer queues a callback on the autograd engine
-when it launches its last bucket, and the engine runs it before ``backward()`` returns; it
-waits for the buckets there (Reducer::finalize_backward in torch/csrc/distributed/c10d/reducer.cpp).
+when it launches its last bucket, and the engine runs it before ``backward()`` returns;
+it waits for the buckets there (Reducer::finalize_backward in
+torch/csrc/distributed/c10d/reducer.cpp).
 
 (a) NaiveDDP: broadcast rank 0's parameters once; after backward, all-reduce every
     gradient, one at a time. Correct, and slow: communication starts only after the
     whole backward pass, one small message per tensor.
 (b) HookDDP: a hook on every parameter all-reduces its gradient the moment autograd has
     finished accumulating it, during the backward pass.
-(c) BucketedDDP: gradients are packed into ~25 MiB buckets (the first one 1 MiB) in reverse
+(c) BucketedDDP: gradients are packed into ~25 MiB buckets (the first one 1 MiB) in
+reverse
     parameter order (roughly the order backward produces them); a full bucket is all-reduced
     asynchronously while backward goes on, and we wait only before the optimizer step.
     Torch DDP's C++ Reducer launches its buckets the same way, but lays them out otherwise:
@@ -41,10 +43,12 @@ class _DataParallelBase(nn.Module):
         super().__init__()
         self.module = module
         self.world_size = dist.get_world_size()
-        # the gradients to average: a frozen parameter (requires_grad=False) has none, and a
-        # tied one appears once in module.parameters(), as torch DDP's Reducer sees them
+        # the gradients to average: a frozen parameter (requires_grad=False) has none,
+        # and a tied one appears once in module.parameters(), as torch DDP's Reducer
+        # sees them
         self.params = [p for p in module.parameters() if p.requires_grad]
-        # every rank must start from the same weights (frozen ones too) and buffers: rank 0's win
+        # every rank must start from the same weights (frozen ones too) and buffers:
+        # rank 0's win
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, src=0)
@@ -52,10 +56,11 @@ class _DataParallelBase(nn.Module):
         self._sync_buffers_next = True
 
     def forward(self, *args, **kwargs):
-        # as torch DDP by default: rank 0's buffers (BatchNorm's running statistics, which each
-        # rank updates from its own rows) overwrite the others' before a forward, when the
-        # previous forward ran with grad mode on (torch/nn/parallel/distributed.py:
-        # will_sync_module_buffers, require_forward_param_sync)
+        # as torch DDP by default: rank 0's buffers (BatchNorm's running statistics,
+        # which each rank updates from its own rows) overwrite the others' before a
+        # forward, when the previous forward ran with grad mode on
+        # (torch/nn/parallel/distributed.py: will_sync_module_buffers,
+        # require_forward_param_sync)
         if self.forward_sync_buffers and self._sync_buffers_next:
             with torch.no_grad():
                 for buffer in self.module.buffers():
@@ -69,9 +74,9 @@ class _DataParallelBase(nn.Module):
 
 # --- begin naive ---
 def on_any_rank(params: list[torch.Tensor], flags: list[bool]) -> list[bool]:
-    """One flag per parameter, OR-ed over the ranks with one small all-reduce: the same answer
-    everywhere (torch DDP's Reducer all-reduces such a "local used map" of which parameters
-    got a gradient when find_unused_parameters=True)."""
+    """One flag per parameter, OR-ed over the ranks with one small all-reduce: the same
+    answer everywhere (torch DDP's Reducer all-reduces such a "local used map" of which
+    parameters got a gradient when find_unused_parameters=True)."""
     if not params:
         return []
     anywhere = torch.tensor(flags, dtype=torch.int32, device=params[0].device)
@@ -83,16 +88,21 @@ class NaiveDDP(_DataParallelBase):
     """(a) After backward: all-reduce each gradient, then divide by the world size."""
 
     def finish_gradient_sync(self) -> None:
-        # every rank must issue the same all-reduces, also for a parameter that only some ranks'
-        # rows reached (a branch taken by some batches): so first agree on which got a gradient
-        reached_anywhere = on_any_rank(self.params, [p.grad is not None for p in self.params])
+        # every rank must issue the same all-reduces, also for a parameter that only
+        # some ranks' rows reached (a branch taken by some batches): so first agree on
+        # which got a gradient
+        reached_anywhere = on_any_rank(
+            self.params, [p.grad is not None for p in self.params]
+        )
         for p, reached in zip(self.params, reached_anywhere):
             if not reached:
                 continue  # no rank's rows used p: .grad stays None, as in one process
             if p.grad is None:
-                p.grad = torch.zeros_like(p)  # this rank's rows did not use p: they add 0
+                # this rank's rows did not use p: they add 0
+                p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad)  # sum over ranks
-            p.grad.div_(self.world_size)  # ... and the sum of means / N is the global mean
+            # ... and the sum of means / N is the global mean
+            p.grad.div_(self.world_size)
 
 
 # --- end naive ---
@@ -102,15 +112,17 @@ class NaiveDDP(_DataParallelBase):
 class HookDDP(_DataParallelBase):
     """(b) A hook per parameter all-reduces its gradient as soon as it is complete.
 
-    The ranks' all-reduces pair up in the order the hooks fire, so every rank must finish the
-    same gradients in the same order. A parameter no rank uses fires no hook and keeps .grad
-    None; one that only some ranks use (a data-dependent branch) makes the ranks pair
-    different tensors: torch DDP fails there too, unless given find_unused_parameters=True.
+    The ranks' all-reduces pair up in the order the hooks fire, so every rank must
+    finish the same gradients in the same order. A parameter no rank uses fires no hook
+    and keeps .grad None; one that only some ranks use (a data-dependent branch) makes
+    the ranks pair different tensors: torch DDP fails there too, unless given
+    find_unused_parameters=True.
     """
 
     def __init__(self, module: nn.Module, **options):
         super().__init__(module, **options)
-        for p in self.params:  # a frozen tensor cannot take a hook; a tied one is hooked once
+        # a frozen tensor cannot take a hook; a tied one is hooked once
+        for p in self.params:
             p.register_post_accumulate_grad_hook(self._reduce)
 
     def _reduce(self, p: torch.Tensor) -> None:
@@ -129,7 +141,11 @@ class HookDDP(_DataParallelBase):
 class _Bucket:
     def __init__(self, params: list[nn.Parameter]):
         self.params = params
-        self.buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        self.buffer = torch.zeros(
+            sum(p.numel() for p in params),
+            dtype=params[0].dtype,
+            device=params[0].device,
+        )
         self.offsets = {}  # parameter -> where its gradient lives in the flat buffer
         start = 0
         for p in params:
@@ -142,12 +158,13 @@ class _Bucket:
 class BucketedDDP(_DataParallelBase):
     """(c) Buckets in reverse order, each all-reduced asynchronously once it is full.
 
-    ``find_unused_parameters=True`` (torch DDP's flag) admits parameters that get no gradient
-    on some ranks or on all: they count as ready, with a zero gradient, in
-    ``finish_gradient_sync``, and one that no rank used keeps ``.grad`` None. Torch finds them
-    earlier, walking the autograd graph after forward, and marks them ready when backward's
-    first gradient arrives (``Reducer::autograd_hook`` in torch/csrc/distributed/c10d/reducer.cpp),
-    so their buckets still overlap with backward.
+    ``find_unused_parameters=True`` (torch DDP's flag) admits parameters that get no
+    gradient on some ranks or on all: they count as ready, with a zero gradient, in
+    ``finish_gradient_sync``, and one that no rank used keeps ``.grad`` None. Torch
+    finds them earlier, walking the autograd graph after forward, and marks them ready
+    when backward's first gradient arrives (``Reducer::autograd_hook`` in
+    torch/csrc/distributed/c10d/reducer.cpp), so their buckets still overlap with
+    backward.
     """
 
     def __init__(
@@ -160,8 +177,8 @@ class BucketedDDP(_DataParallelBase):
     ):
         super().__init__(module, **options)
         self.find_unused_parameters = find_unused_parameters
-        # a small first bucket, so communication starts early in backward (torch DDP has one too,
-        # from its second iteration, and only when bucket_cap_mb is not passed)
+        # a small first bucket, so communication starts early in backward (torch DDP has
+        # one too, from its second iteration, and only when bucket_cap_mb is not passed)
         cap = min(first_bucket_mb, bucket_cap_mb) * 2**20
         self.buckets: list[_Bucket] = []
         current, size = [], 0
@@ -175,16 +192,21 @@ class BucketedDDP(_DataParallelBase):
             self.buckets.append(_Bucket(current))
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
         self.next_to_launch = 0
-        self.arrived: set[torch.Tensor] = set()  # parameters whose gradient this backward produced
+        # parameters whose gradient this backward produced
+        self.arrived: set[torch.Tensor] = set()
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
     def _grad_ready(self, p: torch.Tensor) -> None:
-        if p in self.arrived:  # torch DDP stops too: "Expected to mark a variable ready only once"
+        # torch DDP stops too: "Expected to mark a variable ready only once"
+        if p in self.arrived:
             raise RuntimeError(
-                f"the gradient of a parameter of shape {tuple(p.shape)} arrived twice before "
-                "finish_gradient_sync(): call it after every backward (a second backward, or a "
-                "parameter used in two reentrant-checkpointed segments, fires its hook twice)"
+                f"the gradient of a parameter of shape {tuple(p.shape)} arrived "
+                "twice before "
+                "finish_gradient_sync(): call it after every backward (a second "
+                "backward, or a "
+                "parameter used in two reentrant-checkpointed segments, fires "
+                "its hook twice)"
             )
         self.arrived.add(p)
         self._into_bucket(p, p.grad)
@@ -194,11 +216,16 @@ class BucketedDDP(_DataParallelBase):
         start, end = bucket.offsets[p]
         bucket.buffer[start:end].copy_(grad.reshape(-1))
         bucket.pending -= 1
-        # launch in bucket order on every rank: collectives pair up by order, not by name,
-        # so a rank launching bucket 2 before bucket 1 would sum the wrong tensors together
-        while self.next_to_launch < len(self.buckets) and self.buckets[self.next_to_launch].pending == 0:
+        # launch in bucket order on every rank: collectives pair up by order, not by
+        # name, so a rank launching bucket 2 before bucket 1 would sum the wrong tensors
+        # together
+        while (
+            self.next_to_launch < len(self.buckets)
+            and self.buckets[self.next_to_launch].pending == 0
+        ):
             ready = self.buckets[self.next_to_launch]
-            ready.work = dist.all_reduce(ready.buffer, async_op=True)  # overlaps with backward
+            # overlaps with backward
+            ready.work = dist.all_reduce(ready.buffer, async_op=True)
             self.next_to_launch += 1
 
     def finish_gradient_sync(self) -> None:
@@ -206,17 +233,28 @@ class BucketedDDP(_DataParallelBase):
         if missing and not self.find_unused_parameters:
             raise RuntimeError(
                 f"{len(missing)} parameter(s) got no gradient this step (shapes "
-                f"{[tuple(p.shape) for p in missing[:3]]}): an unused parameter stalls its bucket "
+                f"{[tuple(p.shape) for p in missing[:3]]}): an unused parameter "
+                "stalls its bucket "
                 "forever. torch DDP stops too (at the next forward) unless given "
                 "find_unused_parameters=True; BucketedDDP takes the same flag"
             )
-        for p in missing:  # unused on this rank: it adds its .grad if it has one (zero_grad's zeros), else 0
+        # unused on this rank: it adds its .grad if it has one (zero_grad's zeros), else
+        # 0
+        for p in missing:
             self._into_bucket(p, p.grad if p.grad is not None else torch.zeros_like(p))
-        used = {}  # every bucket is launched now, in order; then, as torch does, which ones some rank used
+        # every bucket is launched now, in order; then, as torch does, which ones some
+        # rank used
+        used = {}
         if self.find_unused_parameters:
-            used = dict(zip(self.params, on_any_rank(self.params, [p in self.arrived for p in self.params])))
+            used = dict(
+                zip(
+                    self.params,
+                    on_any_rank(self.params, [p in self.arrived for p in self.params]),
+                )
+            )
         for bucket in self.buckets:
-            bucket.work.wait()  # the one wait (torch DDP's is inside backward(), in an engine callback)
+            # the one wait (torch DDP's is inside backward(), in an engine callback)
+            bucket.work.wait()
             bucket.buffer.div_(self.world_size)
             for p in bucket.params:
                 if not used.get(p, True):

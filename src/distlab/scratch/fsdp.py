@@ -1,4 +1,5 @@
-"""Fully sharded data parallel from scratch: flat shards, gathered per unit, freed after use.
+"""Fully sharded data parallel from scratch: flat shards, gathered per unit, freed after
+use.
 
     fsdp = shard_model(model, {Block})  # on every rank, same weights: each keeps 1/N of them
     optimizer = torch.optim.AdamW(model.parameters())   # sees only the shards: ZeRO-1/2/3
@@ -8,8 +9,8 @@
 Any ``nn.Module`` with a unit policy, a set of module classes, as FSDP2's users write it
 (``fully_shard`` on every block, then on the model): every submodule of one of those
 classes is a unit, and the root unit holds the rest (``distlab.scratch.fsdp_units``). A
-unit's parameters become one padded flat fp32 tensor, of which a rank keeps its 1/N slice
-as an ``nn.Parameter``. The full flat tensor exists only while the unit computes:
+unit's parameters become one padded flat fp32 tensor, of which a rank keeps its 1/N
+slice as an ``nn.Parameter``. The full flat tensor exists only while the unit computes:
 
     forward:  all-gather -> forward -> free (units; the root keeps it for backward)
     backward: all-gather again (if freed) -> backward -> reduce-scatter the gradient -> free
@@ -45,7 +46,8 @@ class Event:
 
 
 class FlatShardUnit:
-    """One unit's parameters as a padded flat tensor: a 1/N shard kept, the rest gathered on use."""
+    """One unit's parameters as a padded flat tensor: a 1/N shard kept, the rest
+    gathered on use."""
 
     # --- begin shard ---
     def __init__(self, name: str, module: nn.Module, slots: dict, owner: ScratchFSDP):
@@ -53,18 +55,24 @@ class FlatShardUnit:
         self.group = owner.group
         rank, n = dist.get_rank(self.group), dist.get_world_size(self.group)
         params = list(slots)
-        self.shapes, self.numels = [p.shape for p in params], [p.numel() for p in params]
+        self.shapes, self.numels = (
+            [p.shape for p in params],
+            [p.numel() for p in params],
+        )
         total = sum(self.numels)
-        self.padding = math.ceil(total / n) * n - total  # so that N equal slices cover it
+        # so that N equal slices cover it
+        self.padding = math.ceil(total / n) * n - total
         flat = torch.cat(
-            [p.detach().reshape(-1).float() for p in params] + [params[0].new_zeros(self.padding, dtype=torch.float32)]
+            [p.detach().reshape(-1).float() for p in params]
+            + [params[0].new_zeros(self.padding, dtype=torch.float32)]
         )  # (padded,) fp32 whatever the model's dtype: the master weights
         # this rank's slice is the only lasting copy: the optimizer sees nothing else
         self.shard = nn.Parameter(flat.chunk(n)[rank].clone())  # (padded / N,)
         module.register_parameter("flat_shard", self.shard)
-        # the full flat tensor, in the compute dtype: a leaf whose .grad collects the unit's
-        # whole gradient; it keeps its shape for good, its storage only while gathered
-        self.full = flat.to(owner.compute_dtype or flat.dtype).requires_grad_(True)  # (padded,)
+        # the full flat tensor, in the compute dtype: a leaf whose .grad collects the
+        # unit's whole gradient; it keeps its shape for good, its storage only while
+        # gathered (padded,)
+        self.full = flat.to(owner.compute_dtype or flat.dtype).requires_grad_(True)
         self.owners = list(slots.values())
         for owners in self.owners:  # drop the originals: no full copy survives wrapping
             for m, attr in owners:
@@ -83,7 +91,15 @@ class FlatShardUnit:
 
     def _record(self, what: str, start: float) -> None:
         if self.owner.trace is not None:
-            self.owner.trace.append(Event(self.name, what, start, time.perf_counter(), self.owner.gathered_bytes()))
+            self.owner.trace.append(
+                Event(
+                    self.name,
+                    what,
+                    start,
+                    time.perf_counter(),
+                    self.owner.gathered_bytes(),
+                )
+            )
 
     # --- begin gather ---
     def gather(self) -> None:
@@ -93,30 +109,38 @@ class FlatShardUnit:
             return
         start = time.perf_counter()
         storage.resize_(self.full.numel() * self.full.element_size())
-        # write through .data: no version-counter bump, so the tensors autograd saved
-        # in forward (views of this same storage) are valid again for backward. The shard
+        # write through .data: no version-counter bump, so the tensors autograd saved in
+        # forward (views of this same storage) are valid again for backward. The shard
         # is cast first (a no-op in fp32): in bf16 half the bytes cross the wire
-        dist.all_gather_single(self.full.data, self.shard.data.to(self.full.dtype), group=self.group)
+        dist.all_gather_single(
+            self.full.data, self.shard.data.to(self.full.dtype), group=self.group
+        )
         self._record("all-gather", start)
 
     def free(self) -> None:
         start = time.perf_counter()
-        self.full.untyped_storage().resize_(0)  # saved views keep their shapes, lose their bytes
-        # reading a view of freed storage would read freed memory (a segfault): unset them
+        # saved views keep their shapes, lose their bytes
+        self.full.untyped_storage().resize_(0)
+        # reading a view of freed storage would read freed memory (a segfault): unset
+        # them
         self._point_modules_at([None] * len(self.owners))
         self._record("free", start)
 
     def _pre_forward(self, module, args, kwargs):
         self.gather()
-        # fresh views each forward, made with autograd on: their gradients flow into full
+        # fresh views each forward, made with autograd on: their gradients flow into
+        # full
         views = torch.split(self.full, self.numels + [self.padding])
         self._point_modules_at([v.view(shape) for v, shape in zip(views, self.shapes)])
         self.forward_start = time.perf_counter()
         dtype = self.owner.compute_dtype
         if dtype is None:
             return None
-        # floating-point inputs computed in the unit's dtype (FSDP2: cast_forward_inputs=True)
-        cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+        # floating-point inputs computed in the unit's dtype (FSDP2:
+        # cast_forward_inputs=True)
+        cast = lambda t: (
+            t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+        )  # noqa: E731
         return tuple(map(cast, args)), {k: cast(v) for k, v in kwargs.items()}
 
     def _post_forward(self, module, args, output):
@@ -126,12 +150,16 @@ class FlatShardUnit:
             for t in (output if isinstance(output, tuple) else (output,))
             if isinstance(t, torch.Tensor) and t.requires_grad
         ]
-        # ZeRO-3: keep nothing but the shard until backward. Not the root: backward starts
-        # with the layers that ran last, which are usually the root's. No backward, no keeping.
+        # ZeRO-3: keep nothing but the shard until backward. Not the root: backward
+        # starts with the layers that ran last, which are usually the root's. No
+        # backward, no keeping.
         if not outputs or (self.owner.reshard_after_forward and not self.is_root):
             self.free()
-        if outputs:  # fires at the first gradient of an output: before the unit's backward
-            torch.autograd.graph.register_multi_grad_hook(outputs, self._pre_backward, mode="any")
+        # fires at the first gradient of an output: before the unit's backward
+        if outputs:
+            torch.autograd.graph.register_multi_grad_hook(
+                outputs, self._pre_backward, mode="any"
+            )
         return output
 
     def _pre_backward(self, grad) -> None:
@@ -147,11 +175,14 @@ class FlatShardUnit:
         start = time.perf_counter()
         n = dist.get_world_size(self.group)
         shard_grad = torch.empty_like(self.shard)  # (padded / N,) fp32
-        # reduced in the shard's dtype (fp32), however the unit computed: bf16 sums lose bits.
-        # SUM then divide: the loss is a mean over the global batch, so the gradient is
-        # the mean of the ranks' gradients. Forgetting the division multiplies it by N.
+        # reduced in the shard's dtype (fp32), however the unit computed: bf16 sums lose
+        # bits. SUM then divide: the loss is a mean over the global batch, so the
+        # gradient is the mean of the ranks' gradients. Forgetting the division
+        # multiplies it by N.
         grad = full.grad.to(self.shard.dtype)  # (padded,)
-        dist.reduce_scatter_single(shard_grad, grad, op=dist.ReduceOp.SUM, group=self.group)
+        dist.reduce_scatter_single(
+            shard_grad, grad, op=dist.ReduceOp.SUM, group=self.group
+        )
         shard_grad.div_(n)
         if self.shard.grad is None:
             self.shard.grad = shard_grad
@@ -180,11 +211,17 @@ class ScratchFSDP:
     ):
         if compute_dtype is not None and not compute_dtype.is_floating_point:
             raise ValueError(
-                f"compute_dtype must be a floating-point dtype such as torch.bfloat16, got {compute_dtype}"
+                "compute_dtype must be a floating-point dtype such as "
+                f"torch.bfloat16, got {compute_dtype}"
             )
-        self.model, self.reshard_after_forward, self.trace = model, reshard_after_forward, trace
+        self.model, self.reshard_after_forward, self.trace = (
+            model,
+            reshard_after_forward,
+            trace,
+        )
         self.group, self.compute_dtype, self.units = group, compute_dtype, []
-        for name, module, slots in unit_parameters(model, units):  # all found before any is sharded
+        # all found before any is sharded
+        for name, module, slots in unit_parameters(model, units):
             self.units.append(unit_class(name, module, slots, self))
 
     def gathered_bytes(self) -> int:
@@ -202,10 +239,14 @@ def shard_model(
     compute_dtype: torch.dtype | None = None,
     unit_class: type[FlatShardUnit] = FlatShardUnit,
 ) -> ScratchFSDP:
-    """Shard ``model`` in place (call on every rank of ``group``, all holding the same weights).
+    """Shard ``model`` in place (call on every rank of ``group``, all holding the same
+    weights).
 
-    ``units``: the unit policy, module classes (``{Block}``); every submodule of one of them
-    is a unit, the rest goes to the root. ``compute_dtype``: compute in it (bf16), keep fp32
-    shards and reduce in fp32. ``unit_class``: a ``FlatShardUnit`` subclass to build the units with.
+    ``units``: the unit policy, module classes (``{Block}``); every submodule of one of
+    them is a unit, the rest goes to the root. ``compute_dtype``: compute in it (bf16),
+    keep fp32 shards and reduce in fp32. ``unit_class``: a ``FlatShardUnit`` subclass to
+    build the units with.
     """
-    return ScratchFSDP(model, units, reshard_after_forward, trace, group, compute_dtype, unit_class)
+    return ScratchFSDP(
+        model, units, reshard_after_forward, trace, group, compute_dtype, unit_class
+    )

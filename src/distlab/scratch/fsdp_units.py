@@ -5,37 +5,47 @@
 FSDP2's users write ``for block in model.blocks: fully_shard(block)`` then
 ``fully_shard(model)``: each call takes the parameters of its module that no nested call
 took. A policy of module classes says the same for any model: every submodule of one of
-those classes is a unit (the innermost one owns a parameter), and the root unit, the model
-itself, owns the rest.
+those classes is a unit (the innermost one owns a parameter), and the root unit, the
+model itself, owns the rest.
 """
 
 from __future__ import annotations
 
 import torch.nn as nn
 
-# {parameter: [(module, attribute), ...]}: a tied parameter is one key with several owners
+# {parameter: [(module, attribute), ...]}: a tied parameter is one key with several
+# owners
 Slots = dict[nn.Parameter, list[tuple[nn.Module, str]]]
 
 
 def _check_policy(units) -> tuple[type, ...]:
-    classes = tuple(units) if isinstance(units, (set, frozenset, list, tuple)) else (units,)
-    wrong = [c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))]
+    classes = (
+        tuple(units) if isinstance(units, (set, frozenset, list, tuple)) else (units,)
+    )
+    wrong = [
+        c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))
+    ]
     if wrong:
-        raise ValueError(f"the unit policy is a set of nn.Module classes, such as {{Block}}; got {wrong}")
+        raise ValueError(
+            "the unit policy is a set of nn.Module classes, such as {Block}; "
+            f"got {wrong}"
+        )
     return classes
 
 
 def unit_parameters(model: nn.Module, units) -> list[tuple[str, nn.Module, Slots]]:
-    """``[(name, module, {parameter: [(owner, attribute), ...]})]``: the units in the order
-    ``model.named_modules()`` meets them, then the root (named ``"root"``).
+    """``[(name, module, {parameter: [(owner, attribute), ...]})]``: the units in the
+    order ``model.named_modules()`` meets them, then the root (named ``"root"``).
 
-    A tied parameter (``lm_head.weight is wte.weight``) is one key with two owners, so it is
-    stored, gathered and reduced once; it must not be shared by two units. A unit without
-    parameters of its own is left out. The same traversal on an unwrapped copy of the model
-    gives the same order, which is how the tests line a shard up with a reference.
+    A tied parameter (``lm_head.weight is wte.weight``) is one key with two owners, so
+    it is stored, gathered and reduced once; it must not be shared by two units. A unit
+    without parameters of its own is left out. The same traversal on an unwrapped copy
+    of the model gives the same order, which is how the tests line a shard up with a
+    reference.
     """
     classes = _check_policy(units)
-    owner_unit: dict[nn.Module, nn.Module] = {}  # module -> the unit that owns its parameters
+    # module -> the unit that owns its parameters
+    owner_unit: dict[nn.Module, nn.Module] = {}
     names = {model: "root"}
 
     def walk(module: nn.Module, prefix: str, unit: nn.Module) -> None:
@@ -57,14 +67,21 @@ def unit_parameters(model: nn.Module, units) -> list[tuple[str, nn.Module, Slots
                 continue
             if not p.requires_grad:
                 raise ValueError(
-                    f"{names[unit]}: a frozen parameter ({attr} of {type(module).__name__}): the from-scratch "
-                    "FSDP flattens a unit into one trained tensor; unfreeze it or leave it out of the model"
+                    f"{names[unit]}: a frozen parameter ({attr} of "
+                    f"{type(module).__name__}): the from-scratch "
+                    "FSDP flattens a unit into one trained tensor; unfreeze it "
+                    "or leave it out of the model"
                 )
             if unit_of.setdefault(p, unit) is not unit:
                 raise ValueError(
-                    f"a parameter ({attr} of {type(module).__name__}) is shared by units {names[unit_of[p]]!r} "
+                    f"a parameter ({attr} of {type(module).__name__}) is shared "
+                    f"by units {names[unit_of[p]]!r} "
                     f"and {names[unit]!r}: put the modules that share it in one unit"
                 )
             found.setdefault(unit, {}).setdefault(p, []).append((module, attr))
-    order = [m for m in dict.fromkeys(owner_unit.values()) if m is not model and m in found]
-    return [(names[m], m, found[m]) for m in order] + ([("root", model, found[model])] if model in found else [])
+    order = [
+        m for m in dict.fromkeys(owner_unit.values()) if m is not model and m in found
+    ]
+    return [(names[m], m, found[m]) for m in order] + (
+        [("root", model, found[model])] if model in found else []
+    )

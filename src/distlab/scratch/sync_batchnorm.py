@@ -1,13 +1,13 @@
-"""SyncBatchNorm rebuilt for CPU tensors on gloo: torch's own refuses them (its forward raises for
-a CPU input, and DDP refuses a CPU module that holds one), and its kernels (``batch_norm_stats``,
-``batch_norm_elemt``, ...) exist for GPUs only.
+"""SyncBatchNorm rebuilt for CPU tensors on gloo: torch's own refuses them (its forward
+raises for a CPU input, and DDP refuses a CPU module that holds one), and its kernels
+(``batch_norm_stats``, ``batch_norm_elemt``, ...) exist for GPUs only.
 
     model = convert_sync_batchnorm_on_gloo(model)   # every BatchNorm layer, in place
 
 The arithmetic and the collectives follow torch's ``SyncBatchNorm`` autograd function
-(torch/nn/modules/_functions.py in torch 2.13): one all-gather of each rank's (mean, var, count)
-in forward, one all-reduce of two per-channel sums in backward. book/ddp_in_practice.md checks it
-against one process with the whole batch.
+(torch/nn/modules/_functions.py in torch 2.13): one all-gather of each rank's (mean,
+var, count) in forward, one all-reduce of two per-channel sums in backward.
+book/ddp_in_practice.md checks it against one process with the whole batch.
 """
 
 from __future__ import annotations
@@ -18,22 +18,40 @@ import torch.nn as nn
 
 
 class _SyncBatchNormOnGloo(torch.autograd.Function):
-    """torch's SyncBatchNorm function (torch/nn/modules/_functions.py) with its CUDA-only kernels
-    (``batch_norm_stats``, ``batch_norm_elemt``, ...) written as plain tensor ops; the same
-    collectives: one all-gather in forward, one all-reduce in backward."""
+    """torch's SyncBatchNorm function (torch/nn/modules/_functions.py) with its
+    CUDA-only kernels (``batch_norm_stats``, ``batch_norm_elemt``, ...) written as plain
+    tensor ops; the same collectives: one all-gather in forward, one all-reduce in
+    backward."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum):
-        dims, shape, channels = [0, *range(2, x.dim())], [1, x.size(1)] + [1] * (x.dim() - 2), x.size(1)
-        local = torch.cat([x.mean(dims), x.var(dims, unbiased=False), x.new_tensor([x.numel() // channels])])  # (2C+1,)
+        dims, shape, channels = (
+            [0, *range(2, x.dim())],
+            [1, x.size(1)] + [1] * (x.dim() - 2),
+            x.size(1),
+        )
+        # (2C+1,)
+        local = torch.cat(
+            [
+                x.mean(dims),
+                x.var(dims, unbiased=False),
+                x.new_tensor([x.numel() // channels]),
+            ]
+        )
         gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, local)  # counts may differ by rank: gather, not a plain sum
-        means, variances, counts = torch.stack(gathered).split([channels, channels, 1], dim=1)  # (N, C), (N, C), (N, 1)
+        # counts may differ by rank: gather, not a plain sum
+        dist.all_gather(gathered, local)
+        # (N, C), (N, C), (N, 1)
+        means, variances, counts = torch.stack(gathered).split(
+            [channels, channels, 1], dim=1
+        )
         n = counts.sum()
         mean = (counts * means).sum(0) / n
-        var = (counts * (variances + (means - mean) ** 2)).sum(0) / n  # the variance of the union of the shards
+        # the variance of the union of the shards
+        var = (counts * (variances + (means - mean) ** 2)).sum(0) / n
         running_mean.lerp_(mean, momentum)
-        running_var.lerp_(var * n / (n - 1), momentum)  # unbiased, as nn.BatchNorm's running_var
+        # unbiased, as nn.BatchNorm's running_var
+        running_var.lerp_(var * n / (n - 1), momentum)
         invstd = (var + eps).rsqrt()
         xhat = (x - mean.view(shape)) * invstd.view(shape)
         ctx.save_for_backward(xhat, weight, invstd, n)
@@ -44,19 +62,22 @@ class _SyncBatchNormOnGloo(torch.autograd.Function):
     def backward(ctx, dy):
         xhat, weight, invstd, n = ctx.saved_tensors
         sum_dy, sum_dy_xhat = dy.sum(ctx.dims), (dy * xhat).sum(ctx.dims)
-        grad_weight, grad_bias = sum_dy_xhat.clone(), sum_dy.clone()  # this rank's: DDP averages them
+        # this rank's: DDP averages them
+        grad_weight, grad_bias = sum_dy_xhat.clone(), sum_dy.clone()
         both = torch.cat([sum_dy, sum_dy_xhat])
-        dist.all_reduce(both)  # the input's gradient needs the sums over every rank's rows
+        # the input's gradient needs the sums over every rank's rows
+        dist.all_reduce(both)
         sum_dy, sum_dy_xhat = both.split(len(sum_dy))
-        grad_x = (dy - sum_dy.view(ctx.shape) / n - xhat * sum_dy_xhat.view(ctx.shape) / n) * (invstd * weight).view(
-            ctx.shape
-        )
+        grad_x = (
+            dy - sum_dy.view(ctx.shape) / n - xhat * sum_dy_xhat.view(ctx.shape) / n
+        ) * (invstd * weight).view(ctx.shape)
         return grad_x, grad_weight, grad_bias, None, None, None, None
 
 
 class SyncBatchNormOnGloo(nn.modules.batchnorm._BatchNorm):
-    """A BatchNorm layer normalised with the statistics of every rank's rows, on CPU tensors over
-    gloo. Not an ``nn.SyncBatchNorm`` subclass: DDP refuses those in a CPU module."""
+    """A BatchNorm layer normalised with the statistics of every rank's rows, on CPU
+    tensors over gloo. Not an ``nn.SyncBatchNorm`` subclass: DDP refuses those in a CPU
+    module."""
 
     def _check_input_dim(self, x):
         if x.dim() < 2:
@@ -67,13 +88,20 @@ class SyncBatchNormOnGloo(nn.modules.batchnorm._BatchNorm):
             return super().forward(x)
         self.num_batches_tracked.add_(1)
         return _SyncBatchNormOnGloo.apply(
-            x, self.weight, self.bias, self.running_mean, self.running_var, self.eps, self.momentum
+            x,
+            self.weight,
+            self.bias,
+            self.running_mean,
+            self.running_var,
+            self.eps,
+            self.momentum,
         )
 
 
 def convert_sync_batchnorm_on_gloo(model: nn.Module) -> nn.Module:
-    """What ``nn.SyncBatchNorm.convert_sync_batchnorm`` does, to ``SyncBatchNormOnGloo``: every
-    BatchNorm layer, in place, keeping its weights and running statistics."""
+    """What ``nn.SyncBatchNorm.convert_sync_batchnorm`` does, to
+    ``SyncBatchNormOnGloo``: every BatchNorm layer, in place, keeping its weights and
+    running statistics."""
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             module.__class__ = SyncBatchNormOnGloo

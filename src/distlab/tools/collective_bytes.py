@@ -1,4 +1,5 @@
-"""Count the bytes of every c10d collective a rank issues, and the bytes its sockets really wrote.
+"""Count the bytes of every c10d collective a rank issues, and the bytes its sockets
+really wrote.
 
     with CollectiveBytes() as counted:
         loss.backward()                      # DDP's C++ Reducer, FSDP2's hooks, ZeRO's broadcasts
@@ -8,17 +9,19 @@
     written = socket_bytes_written()         # /proc/self/io: every byte this process wrote
     ...; socket_bytes_written() - written    # on gloo, the collectives' real traffic
 
-Why a ``TorchDispatchMode``: every collective, from Python (FSDP2, ZeroRedundancyOptimizer) or
-from C++ (DDP's Reducer), is dispatched as a ``c10d`` operator with its tensors and its process
-group, so one mode sees them all, with the size of the group each ran on (HSDP has two).
-It is thread-local: run the counted code on the thread that opened it (CPU autograd does).
+Why a ``TorchDispatchMode``: every collective, from Python (FSDP2,
+ZeroRedundancyOptimizer) or from C++ (DDP's Reducer), is dispatched as a ``c10d``
+operator with its tensors and its process group, so one mode sees them all, with the
+size of the group each ran on (HSDP has two). It is thread-local: run the counted code
+on the thread that opened it (CPU autograd does).
 
-The tensor bytes are what was handed to the op; the bytes a rank *sends* depend on the algorithm.
-``RING_FACTOR`` states the ring's (NCCL's default for large messages, and gloo's for these ops
-except reduce-scatter, see ``distlab.chapters.fsdp_communication``): S the tensor bytes, N the group:
-all-gather of an output of S sends (N-1)/N S; reduce-scatter of an input of S, (N-1)/N S;
-all-reduce of S, 2(N-1)/N S; broadcast of S, (N-1)/N S on average over the ranks (the root and every
-rank but the last of the chain send S).
+The tensor bytes are what was handed to the op; the bytes a rank *sends* depend on the
+algorithm. ``RING_FACTOR`` states the ring's (NCCL's default for large messages, and
+gloo's for these ops except reduce-scatter, see
+``distlab.chapters.fsdp_communication``): S the tensor bytes, N the group: all-gather of
+an output of S sends (N-1)/N S; reduce-scatter of an input of S, (N-1)/N S; all-reduce
+of S, 2(N-1)/N S; broadcast of S, (N-1)/N S on average over the ranks (the root and
+every rank but the last of the chain send S).
 """
 
 from __future__ import annotations
@@ -30,12 +33,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # --- begin ops ---
-# c10d operator -> (kind, which argument holds the tensor(s) whose bytes define S, group argument)
+# c10d operator -> (kind, which argument holds the tensor(s) whose bytes define S, group
+# argument)
 C10D_OPS = {
     "allreduce_": ("all-reduce", 0, 1),
-    "_allgather_base_": ("all-gather", 0, 2),  # (output, input, group): S is the whole output
+    # (output, input, group): S is the whole output
+    "_allgather_base_": ("all-gather", 0, 2),
     "allgather_into_tensor_coalesced_": ("all-gather", 0, 2),
-    "_reduce_scatter_base_": ("reduce-scatter", 1, 2),  # (output, input, group): S is the whole input
+    # (output, input, group): S is the whole input
+    "_reduce_scatter_base_": ("reduce-scatter", 1, 2),
     "reduce_scatter_tensor_coalesced_": ("reduce-scatter", 1, 2),
     "broadcast_": ("broadcast", 0, 1),
 }
@@ -68,7 +74,8 @@ class CollectiveBytes(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.calls: list[Call] = []
-        self.unknown: list[str] = []  # c10d ops not in C10D_OPS (barrier, send, ...): never silently dropped
+        # c10d ops not in C10D_OPS (barrier, send, ...): never silently dropped
+        self.unknown: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "c10d":
@@ -98,15 +105,19 @@ class CollectiveBytes(TorchDispatchMode):
         """Bytes this rank sends, by kind, on a ring (``RING_FACTOR``)."""
         total: dict[str, float] = defaultdict(float)
         for call in self.calls:
-            total[call.kind] += RING_FACTOR[call.kind](call.group_size) * call.tensor_bytes
+            total[call.kind] += (
+                RING_FACTOR[call.kind](call.group_size) * call.tensor_bytes
+            )
         return dict(total)
 
 
 def socket_bytes_written() -> int:
-    """Bytes this process (all its threads) has written so far: ``wchar`` of ``/proc/self/io``.
+    """Bytes this process (all its threads) has written so far: ``wchar`` of
+    ``/proc/self/io``.
 
-    Linux only. gloo's TCP transport writes every byte it sends through it, so the difference
-    over a step, with nothing printed meanwhile, is the step's traffic out of this rank."""
+    Linux only. gloo's TCP transport writes every byte it sends through it, so the
+    difference over a step, with nothing printed meanwhile, is the step's traffic out of
+    this rank."""
     with open("/proc/self/io") as io:
         for line in io:
             if line.startswith("wchar:"):

@@ -4,12 +4,14 @@
         loss.backward()                      # DDP runs its comm hook, which calls dist.all_reduce
     counted.calls                            # [(numel, dtype, bytes), ...] in call order
 
-Why patch the Python function and not a ``TorchDispatchMode`` (``CommDebugMode``): a dispatch mode is
-thread-local, and on gloo the follow-up all-reduces of a chained hook (PowerSGD's P and Q) are issued by
-``Future.then`` callbacks on gloo's own threads, which a mode on the main thread never sees. Every
-comm hook of ``torch/distributed/algorithms/ddp_comm_hooks/`` calls ``dist.all_reduce`` by module
-attribute, so the patch sees them all; DDP's default path (no hook) calls the process group from C++
-and is not seen: count it through ``allreduce_hook``, which does the same (its docstring says so).
+Why patch the Python function and not a ``TorchDispatchMode`` (``CommDebugMode``): a
+dispatch mode is thread-local, and on gloo the follow-up all-reduces of a chained hook
+(PowerSGD's P and Q) are issued by ``Future.then`` callbacks on gloo's own threads,
+which a mode on the main thread never sees. Every comm hook of
+``torch/distributed/algorithms/ddp_comm_hooks/`` calls ``dist.all_reduce`` by module
+attribute, so the patch sees them all; DDP's default path (no hook) calls the process
+group from C++ and is not seen: count it through ``allreduce_hook``, which does the same
+(its docstring says so).
 """
 
 import threading
@@ -31,7 +33,13 @@ class CountedAllReduce:
 
         def counting_all_reduce(tensor, *args, **kwargs):
             with self._lock:
-                self.calls.append((tensor.numel(), tensor.dtype, tensor.numel() * tensor.element_size()))
+                self.calls.append(
+                    (
+                        tensor.numel(),
+                        tensor.dtype,
+                        tensor.numel() * tensor.element_size(),
+                    )
+                )
             return real(tensor, *args, **kwargs)
 
         dist.all_reduce = counting_all_reduce

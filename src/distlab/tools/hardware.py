@@ -1,12 +1,14 @@
-"""The GPUs and links the planner knows, each number with the public source it comes from.
+"""The GPUs and links the planner knows, each number with the public source it comes
+from.
 
     from distlab.tools.hardware import GPUS, NETWORKS
     GPUS["a100-80gb"].bf16_peak * GPUS["a100-80gb"].matmul_efficiency  # FLOP/s a large bf16 GEMM reaches
 
-Datasheet numbers (peak, memory, bandwidths) are what NVIDIA and the clouds publish. The two
-efficiencies are measurements someone else published and a reader can rerun: the matmul one is
-Stas Bekman's MAMF table (mamf-finder.py), the attention one comes from the FlashAttention papers.
-None of them is fitted to the published runs in ``published_runs.py``.
+Datasheet numbers (peak, memory, bandwidths) are what NVIDIA and the clouds publish. The
+two efficiencies are measurements someone else published and a reader can rerun: the
+matmul one is Stas Bekman's MAMF table (mamf-finder.py), the attention one comes from
+the FlashAttention papers. None of them is fitted to the published runs in
+``published_runs.py``.
 """
 
 from __future__ import annotations
@@ -15,48 +17,69 @@ from dataclasses import dataclass, field
 
 # --- sources (each read for this file; pinned where it is a repository) ---
 MAMF_TABLE = (
-    "Stas Bekman, ml-engineering, 'Maximum Achievable Matmul FLOPS comparison table' (BF16, v2, mean of 100 "
+    "Stas Bekman, ml-engineering, 'Maximum Achievable Matmul FLOPS comparison "
+    "table' (BF16, v2, mean of 100 "
     "iterations after 50 warmup), https://github.com/stas00/ml-engineering/blob/"
-    "b9e29720eebd4aa946fa9678975385efbc90a777/compute/accelerator/README.md ; benchmark: "
+    "b9e29720eebd4aa946fa9678975385efbc90a777/compute/accelerator/README.md ; "
+    "benchmark: "
     "compute/accelerator/benchmarks/mamf-finder.py in the same repository"
 )
 FA2_PAPER = (
-    "Tri Dao, FlashAttention-2 (arXiv 2307.08691), abstract and section 1: 'reaching 50-73% of the theoretical "
-    "maximum FLOPs/s on A100'; forward 'up to 73%', backward 'up to 63%' (A100 80GB SXM4); its FLOP count "
-    "halves the attention FLOPs under a causal mask and counts the backward as 2.5x the forward"
+    "Tri Dao, FlashAttention-2 (arXiv 2307.08691), abstract and section 1: "
+    "'reaching 50-73% of the theoretical "
+    "maximum FLOPs/s on A100'; forward 'up to 73%', backward 'up to 63%' (A100 "
+    "80GB SXM4); its FLOP count "
+    "halves the attention FLOPs under a causal mask and counts the backward as "
+    "2.5x the forward"
 )
 FA3_PAPER = (
-    "Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, FlashAttention-3 (arXiv 2407.08608), abstract: "
-    "'FlashAttention-2 achieving only 35% utilization on the H100 GPU' (same FLOP count as FA2, causal halved)"
+    "Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao, FlashAttention-3 (arXiv "
+    "2407.08608), abstract: "
+    "'FlashAttention-2 achieving only 35% utilization on the H100 GPU' (same "
+    "FLOP count as FA2, causal halved)"
 )
 A100_SPECS = (
-    "NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), as reproduced at "
-    "https://glennklockwood.com/garden/processors/A100 : BF16 312 TFLOPS dense (624 sparse); A100 80G SXM4 "
-    "80 GB HBM2e at 2.039 TB/s; NVLink '300+300 GB/s'. Same 312 in the MAMF table's 'Theory' column"
+    "NVIDIA A100 datasheet "
+    "(nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), as reproduced at "
+    "https://glennklockwood.com/garden/processors/A100 : BF16 312 TFLOPS dense "
+    "(624 sparse); A100 80G SXM4 "
+    "80 GB HBM2e at 2.039 TB/s; NVLink '300+300 GB/s'. Same 312 in the MAMF "
+    "table's 'Theory' column"
 )
 H100_SPECS = (
-    "NVIDIA H100 SXM datasheet table as reproduced at https://archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html"
-    " : BFLOAT16 Tensor Core 1,979 TFLOPS 'shown with sparsity, specifications 1/2 lower without sparsity'; "
-    "80 GB HBM3, 3,350 GB/s; 'NVLink: 900GB/s'. The MAMF table's 'Theory' column says 989"
+    "NVIDIA H100 SXM datasheet table as reproduced at "
+    "https://archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html"
+    " : BFLOAT16 Tensor Core 1,979 TFLOPS 'shown with sparsity, specifications "
+    "1/2 lower without sparsity'; "
+    "80 GB HBM3, 3,350 GB/s; 'NVLink: 900GB/s'. The MAMF table's 'Theory' "
+    "column says 989"
 )
 GRAND_TETON = (
-    "torchtitan docs/performance.md, https://github.com/pytorch/torchtitan/blob/eaea6f6a2fa940f03a10906be1df3489cf30af85"
-    "/docs/performance.md : 'Each H100 GPU is equipped with 96GB HBM2e with 2.4 TB/sec peak memory bandwidth', "
-    "'fully connected with NVLink', 'We used the default 500W power limit, although tuning it up to 700W TDP can "
-    "potentially provide further speedups'; footnote 2: 'HBM2e-based SXM H100 with lower TDP, the actual peak TFLOPs "
+    "torchtitan docs/performance.md, "
+    "https://github.com/pytorch/torchtitan/blob/eaea6f6a2fa940f03a10906be1df3489cf30af85"
+    "/docs/performance.md : 'Each H100 GPU is equipped with 96GB HBM2e with 2.4 "
+    "TB/sec peak memory bandwidth', "
+    "'fully connected with NVLink', 'We used the default 500W power limit, "
+    "although tuning it up to 700W TDP can "
+    "potentially provide further speedups'; footnote 2: 'HBM2e-based SXM H100 "
+    "with lower TDP, the actual peak TFLOPs "
     "number is between SXM and NVL, and we don't know its exact value'"
 )
 TT_PEAK_FLOPS = (
-    "torchtitan get_peak_flops, https://github.com/pytorch/torchtitan/blob/9fd2b5172bcb9a5c49d18c75c3ab833abe990819"
-    "/torchtitan/utils.py : H100 NVL 835e12, PCIe 756e12, 'for H100 SXM and other variants' 989e12"
+    "torchtitan get_peak_flops, "
+    "https://github.com/pytorch/torchtitan/blob/9fd2b5172bcb9a5c49d18c75c3ab833abe990819"
+    "/torchtitan/utils.py : H100 NVL 835e12, PCIe 756e12, 'for H100 SXM and "
+    "other variants' 989e12"
 )
 NCCL_TUNING = "https://github.com/NVIDIA/nccl/blob/01afd20a77b5804e0ecf1042509dd9d20ebf9e93/src/graph/tuning.cc"
 
-# The A100 attention figure: FA2's fig. 4(d) (fwd+bwd, causal, head dim 128, A100) gives its values only as bar
-# labels in an image, which no text copy of the paper carries, so they are NOT used here. What the text states is
-# the forward's best (73%) and the backward's best (63%); a fwd+bwd pass does 1 + 2.5 = 3.5 forward-units of FLOPs,
-# so if both ran at their best the pair would reach 3.5 / (1/0.73 + 2.5/0.63) = 0.656 of peak. That is a derived
-# UPPER bound (the two bests may come from different settings), in FA2's causal-halved FLOP count.
+# The A100 attention figure: FA2's fig. 4(d) (fwd+bwd, causal, head dim 128, A100) gives
+# its values only as bar labels in an image, which no text copy of the paper carries, so
+# they are NOT used here. What the text states is the forward's best (73%) and the
+# backward's best (63%); a fwd+bwd pass does 1 + 2.5 = 3.5 forward-units of FLOPs, so if
+# both ran at their best the pair would reach 3.5 / (1/0.73 + 2.5/0.63) = 0.656 of peak.
+# That is a derived UPPER bound (the two bests may come from different settings), in
+# FA2's causal-halved FLOP count.
 FA2_A100_FWD_BEST, FA2_A100_BWD_BEST = 0.73, 0.63
 FA2_A100_FWD_BWD_BOUND = 3.5 / (1 / FA2_A100_FWD_BEST + 2.5 / FA2_A100_BWD_BEST)
 
@@ -67,12 +90,17 @@ class GPU:
 
     name: str  # the key in GPUS
     label: str
-    bf16_peak: float  # dense bf16 tensor-core FLOP/s (the datasheet's sparse figure halved)
-    memory_bytes: float  # HBM capacity as the datasheet writes it: 80 GB = 80e9 bytes (not GiB)
+    # dense bf16 tensor-core FLOP/s (the datasheet's sparse figure halved)
+    bf16_peak: float
+    # HBM capacity as the datasheet writes it: 80 GB = 80e9 bytes (not GiB)
+    memory_bytes: float
     hbm_bandwidth: float  # bytes/s
-    nvlink_bandwidth: float  # bytes/s ONE direction per GPU (the datasheet's total is both directions)
-    matmul_efficiency: float  # MAMF / bf16 peak: the best a large bf16 GEMM reached (one shape, one torch)
-    attention_efficiency: float | None  # FlashAttention-2 fwd+bwd, causal, in FA2's causal-halved FLOP count
+    # bytes/s ONE direction per GPU (the datasheet's total is both directions)
+    nvlink_bandwidth: float
+    # MAMF / bf16 peak: the best a large bf16 GEMM reached (one shape, one torch)
+    matmul_efficiency: float
+    # FlashAttention-2 fwd+bwd, causal, in FA2's causal-halved FLOP count
+    attention_efficiency: float | None
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
 
@@ -84,70 +112,87 @@ GPUS: dict[str, GPU] = {
         memory_bytes=80e9,
         hbm_bandwidth=2.039e12,
         nvlink_bandwidth=300e9,  # 600 GB/s total, 300 each way
-        # MAMF row: "NVIDIA A100 SXM | 271.2 | 312 | 86.9% | 1024x10240x5120 | 2.6.0+cu126" (the row does not
-        # say 40 or 80 GB; the two differ only in memory, so the figure is used for the 80 GB part)
+        # MAMF row: "NVIDIA A100 SXM | 271.2 | 312 | 86.9% | 1024x10240x5120 |
+        # 2.6.0+cu126" (the row does not say 40 or 80 GB; the two differ only in memory,
+        # so the figure is used for the 80 GB part)
         matmul_efficiency=271.2 / 312,
         attention_efficiency=FA2_A100_FWD_BWD_BOUND,
         sources={
             "bf16_peak": A100_SPECS,
-            "memory_bytes": A100_SPECS + " (the usable capacity torch reports is smaller; no source read here)",
+            "memory_bytes": A100_SPECS
+            + " (the usable capacity torch reports is smaller; no source read here)",
             "hbm_bandwidth": A100_SPECS,
             "nvlink_bandwidth": A100_SPECS,
-            "matmul_efficiency": MAMF_TABLE + " : A100 SXM MAMF 271.2 TFLOPS of 312 (86.9%)",
-            "attention_efficiency": FA2_PAPER + " ; 0.656 = derived upper bound, see FA2_A100_FWD_BWD_BOUND",
+            "matmul_efficiency": MAMF_TABLE
+            + " : A100 SXM MAMF 271.2 TFLOPS of 312 (86.9%)",
+            "attention_efficiency": FA2_PAPER
+            + " ; 0.656 = derived upper bound, see FA2_A100_FWD_BWD_BOUND",
         },
     ),
     "h100-sxm": GPU(
         name="h100-sxm",
         label="NVIDIA H100 SXM5 80GB",
-        bf16_peak=989e12,  # 1,979 sparse / 2 = 989.5; the MAMF table and torchtitan's get_peak_flops use 989
+        # 1,979 sparse / 2 = 989.5; the MAMF table and torchtitan's get_peak_flops use
+        # 989
+        bf16_peak=989e12,
         memory_bytes=80e9,
         hbm_bandwidth=3.35e12,
         nvlink_bandwidth=450e9,  # 900 GB/s total, 450 each way
-        # MAMF row: "NVIDIA H100 SXM | 794.5 | 989 | 80.3% | 2048x2048x13312 | 2.7.0+cu126"
+        # MAMF row: "NVIDIA H100 SXM | 794.5 | 989 | 80.3% | 2048x2048x13312 |
+        # 2.7.0+cu126"
         matmul_efficiency=794.5 / 989,
-        # FA3's abstract: FA2 reaches 35% on H100. The sentence names no setting (causal, head dim, length).
+        # FA3's abstract: FA2 reaches 35% on H100. The sentence names no setting
+        # (causal, head dim, length).
         attention_efficiency=0.35,
         sources={
             "bf16_peak": H100_SPECS,
             "memory_bytes": H100_SPECS,
             "hbm_bandwidth": H100_SPECS,
             "nvlink_bandwidth": H100_SPECS,
-            "matmul_efficiency": MAMF_TABLE + " : H100 SXM MAMF 794.5 TFLOPS of 989 (80.3%)",
+            "matmul_efficiency": MAMF_TABLE
+            + " : H100 SXM MAMF 794.5 TFLOPS of 989 (80.3%)",
             "attention_efficiency": FA3_PAPER,
         },
     ),
-    # Meta's Grand Teton H100 (torchtitan's H100 tables): an SXM-style H100 with 96 GB HBM2e, run at 500 W.
+    # Meta's Grand Teton H100 (torchtitan's H100 tables): an SXM-style H100 with 96 GB
+    # HBM2e, run at 500 W.
     "h100-96gb-500w": GPU(
         name="h100-96gb-500w",
         label="NVIDIA H100 96GB HBM2e, 500 W (Grand Teton)",
-        # No datasheet for this part was read. torchtitan's get_peak_flops returns 989e12 for every H100 that is
-        # not NVL or PCIe, and its doc says the true peak lies 'between SXM and NVL' (835e12): an upper bound.
+        # No datasheet for this part was read. torchtitan's get_peak_flops returns
+        # 989e12 for every H100 that is not NVL or PCIe, and its doc says the true peak
+        # lies 'between SXM and NVL' (835e12): an upper bound.
         bf16_peak=989e12,
         memory_bytes=96e9,  # '96GB HBM2e' (GRAND_TETON)
         hbm_bandwidth=2.4e12,  # '2.4 TB/sec peak memory bandwidth' (GRAND_TETON)
-        nvlink_bandwidth=450e9,  # 'fully connected with NVLink', no bandwidth stated: the H100 SXM's assumed
-        # The H100 SXM's MAMF: the row states no power limit; an H100 SXM's TDP is 700 W (GRAND_TETON: 'tuning it
-        # up to 700W TDP'), this part runs at 500 W, so tokens/s predicted for it are an UPPER bound.
+        # 'fully connected with NVLink', no bandwidth stated: the H100 SXM's assumed
+        nvlink_bandwidth=450e9,
+        # The H100 SXM's MAMF: the row states no power limit; an H100 SXM's TDP is 700 W
+        # (GRAND_TETON: 'tuning it up to 700W TDP'), this part runs at 500 W, so
+        # tokens/s predicted for it are an UPPER bound.
         matmul_efficiency=794.5 / 989,
         attention_efficiency=0.35,  # the H100's (FA3_PAPER); none measured at 500 W
         sources={
             "bf16_peak": TT_PEAK_FLOPS + " ; " + GRAND_TETON + " footnote 2",
             "memory_bytes": GRAND_TETON,
             "hbm_bandwidth": GRAND_TETON,
-            "nvlink_bandwidth": H100_SPECS + " (assumed: the doc states NVLink but not its bandwidth)",
-            "matmul_efficiency": MAMF_TABLE + " : H100 SXM MAMF 794.5 TFLOPS of 989, at the SXM's power, not 500 W",
+            "nvlink_bandwidth": H100_SPECS
+            + " (assumed: the doc states NVLink but not its bandwidth)",
+            "matmul_efficiency": MAMF_TABLE
+            + " : H100 SXM MAMF 794.5 TFLOPS of 989, at the SXM's power, not 500 W",
             "attention_efficiency": FA3_PAPER + " (H100 SXM, not this part)",
         },
     ),
 }
-# Not included: H200 and A100 40GB. The MAMF table (commit above) has no H200 row (its GH200 row, 828.6 of 989,
-# is a 900 W Grace-Hopper part) and no row that says A100 40GB, so their matmul efficiency has no source yet.
+# Not included: H200 and A100 40GB. The MAMF table (commit above) has no H200 row (its
+# GH200 row, 828.6 of 989, is a 900 W Grace-Hopper part) and no row that says A100 40GB,
+# so their matmul efficiency has no source yet.
 
 
 @dataclass(frozen=True)
 class Network:
-    """What one GPU's collectives run over: bandwidth per GPU one way, and a per-step latency."""
+    """What one GPU's collectives run over: bandwidth per GPU one way, and a per-step
+    latency."""
 
     name: str
     label: str
@@ -156,19 +201,33 @@ class Network:
     source: str
 
 
-# NCCL's tuning model (hwLat, Simple protocol, the one large messages use): 3.4 us per step over NVLink and
-# 9.6 us over the network; step_model.py cites the same file.
+# NCCL's tuning model (hwLat, Simple protocol, the one large messages use): 3.4 us per
+# step over NVLink and 9.6 us over the network; step_model.py cites the same file.
 NVLINK_LAT, NET_LAT = 3.4e-6, 9.6e-6
 NETWORKS: dict[str, Network] = {
-    "nvlink-a100": Network("nvlink-a100", "NVLink 3 (A100 SXM)", 300e9, NVLINK_LAT, A100_SPECS + "; " + NCCL_TUNING),
-    "nvlink-h100": Network("nvlink-h100", "NVLink 4 (H100 SXM)", 450e9, NVLINK_LAT, H100_SPECS + "; " + NCCL_TUNING),
-    # Line rates, one NIC per GPU assumed (the usual 8-NIC HGX node; a cluster with fewer NICs per GPU differs).
+    "nvlink-a100": Network(
+        "nvlink-a100",
+        "NVLink 3 (A100 SXM)",
+        300e9,
+        NVLINK_LAT,
+        A100_SPECS + "; " + NCCL_TUNING,
+    ),
+    "nvlink-h100": Network(
+        "nvlink-h100",
+        "NVLink 4 (H100 SXM)",
+        450e9,
+        NVLINK_LAT,
+        H100_SPECS + "; " + NCCL_TUNING,
+    ),
+    # Line rates, one NIC per GPU assumed (the usual 8-NIC HGX node; a cluster with
+    # fewer NICs per GPU differs).
     "ib-200g": Network(
         "ib-200g",
         "HDR InfiniBand, 200 Gb/s per GPU",
         200e9 / 8,
         NET_LAT,
-        "ConnectX-6 HDR: '200 Gb/s Ethernet and InfiniBand', https://lenovopress.lenovo.com/lp1195 ; " + NCCL_TUNING,
+        "ConnectX-6 HDR: '200 Gb/s Ethernet and InfiniBand', "
+        "https://lenovopress.lenovo.com/lp1195 ; " + NCCL_TUNING,
     ),
     "ib-400g": Network(
         "ib-400g",
@@ -176,27 +235,34 @@ NETWORKS: dict[str, Network] = {
         400e9 / 8,
         NET_LAT,
         "'400 Gbps (NDR) InfiniBand doubles network performance compared to HDR', "
-        "https://docs.nvidia.com/dgx-superpod/design-guide-cabling-data-centers/latest/ndr-overview.html ; "
-        + NCCL_TUNING,
+        "https://docs.nvidia.com/dgx-superpod/design-guide-cabling-data-centers/latest/ndr-overview.html "
+        ""
+        "; " + NCCL_TUNING,
     ),
-    # AWS p4d: '8 x 40 GB NVIDIA Tesla A100 GPUs with NVSwitch and 400 Gbps Elastic Fabric Adapter (EFA)' per
-    # instance, i.e. 50 Gb/s per GPU. (p4d carries 40 GB A100s; the 80 GB ones are p4de, not read here.)
+    # AWS p4d: '8 x 40 GB NVIDIA Tesla A100 GPUs with NVSwitch and 400 Gbps Elastic
+    # Fabric Adapter (EFA)' per instance, i.e. 50 Gb/s per GPU. (p4d carries 40 GB
+    # A100s; the 80 GB ones are p4de, not read here.)
     "efa-p4d": Network(
         "efa-p4d",
         "AWS p4d EFA, 400 Gb/s per 8-GPU instance",
         400e9 / 8 / 8,
         NET_LAT,
-        "AWS Compute Blog 'Amazon EC2 P4d instances deep dive' (aws.amazon.com/blogs/compute/amazon-ec2-p4d-"
-        "instances-deep-dive/, read via its syndicated copy https://noise.getoto.net/2020/11/03/amazon-ec2-p4d-"
+        "AWS Compute Blog 'Amazon EC2 P4d instances deep dive' "
+        "(aws.amazon.com/blogs/compute/amazon-ec2-p4d-"
+        "instances-deep-dive/, read via its syndicated copy "
+        "https://noise.getoto.net/2020/11/03/amazon-ec2-p4d-"
         "instances-deep-dive/) ; " + NCCL_TUNING,
     ),
-    # AWS p5: 'P5 and P5e support up to 32 network cards and can provide up to 3,200 Gbps', 400 Gb/s per GPU.
+    # AWS p5: 'P5 and P5e support up to 32 network cards and can provide up to 3,200
+    # Gbps', 400 Gb/s per GPU.
     "efa-p5": Network(
         "efa-p5",
         "AWS p5 EFA, 3200 Gb/s per 8-GPU instance",
         3200e9 / 8 / 8,
         NET_LAT,
-        "AWS EC2 User Guide, 'Maximize network bandwidth on accelerated computing instances with EFA' "
-        "(docs.aws.amazon.com/AWSEC2/latest/UserGuide/p5-efa.html; read in its Portuguese edition) ; " + NCCL_TUNING,
+        "AWS EC2 User Guide, 'Maximize network bandwidth on accelerated "
+        "computing instances with EFA' "
+        "(docs.aws.amazon.com/AWSEC2/latest/UserGuide/p5-efa.html; read in its "
+        "Portuguese edition) ; " + NCCL_TUNING,
     ),
 }

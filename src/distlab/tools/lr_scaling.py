@@ -1,17 +1,18 @@
-"""Learning-rate rules for a global batch that grows with the ranks, and a run that compares them
-(book/ddp_tuning.md's second half).
+"""Learning-rate rules for a global batch that grows with the ranks, and a run that
+compares them (book/ddp_tuning.md's second half).
 
-At a fixed per-rank batch B, N ranks train on a global batch of N x B. Every world size here
-gets the same token budget (``TOKENS_AT_ONE_RANK_STEPS`` steps of one rank's batch), so N ranks
-take 1/N as many steps, and each runs every learning-rate rule of ``RULES`` one after the other
+At a fixed per-rank batch B, N ranks train on a global batch of N x B. Every world size
+here gets the same token budget (``TOKENS_AT_ONE_RANK_STEPS`` steps of one rank's
+batch), so N ranks take 1/N as many steps, and each runs every learning-rate rule of
+``RULES`` one after the other
 in one launch:
 
     run_ranks(scaling_runs, nprocs=4)   # 4 ranks: every rule, same tokens as 1 rank's run
     scaling_runs()                      # 1 process (the "single" strategy: no wrapper)
 
-The models, batches and AdamW are ``distlab.infra.experiment``'s, so N ranks at batch B see
-exactly the windows of one process at batch N x B (``TokenData.batch`` draws by global step),
-which is what ``one_process_losses`` checks.
+The models, batches and AdamW are ``distlab.infra.experiment``'s, so N ranks at batch B
+see exactly the windows of one process at batch N x B (``TokenData.batch`` draws by
+global step), which is what ``one_process_losses`` checks.
 """
 
 from __future__ import annotations
@@ -24,18 +25,22 @@ import torch.distributed as dist
 from distlab.infra.experiment import build
 from distlab.runtime import rank_world
 
-PER_RANK_BATCH = 8  # windows of 64 tokens per rank per step, the same at every world size
+# windows of 64 tokens per rank per step, the same at every world size
+PER_RANK_BATCH = 8
 BASE_LR = 1e-3  # AdamW's learning rate at one rank (the tiny model's usual 1e-3)
-TOKENS_AT_ONE_RANK_STEPS = 48  # steps of one rank: the token budget every world size gets
+# steps of one rank: the token budget every world size gets
+TOKENS_AT_ONE_RANK_STEPS = 48
 WARMUP_FRACTION = 0.25  # of a run's steps, for the rules with warm-up
 VAL_WINDOWS = 64  # windows of the validation batch every run is scored on at its end
 
 # --- begin rules ---
-# name -> (the factor on BASE_LR at N ranks, whether the LR warms up linearly from BASE_LR/steps)
+# name -> (the factor on BASE_LR at N ranks, whether the LR warms up linearly from
+# BASE_LR/steps)
 RULES: dict[str, tuple] = {
     "unscaled": (lambda n: 1.0, False),
     "linear": (lambda n: float(n), False),  # Goyal et al. 2017, for SGD
-    "sqrt + warm-up": (lambda n: math.sqrt(n), True),  # the square-root rule, for Adam-like optimizers
+    # the square-root rule, for Adam-like optimizers
+    "sqrt + warm-up": (lambda n: math.sqrt(n), True),
 }
 
 
@@ -53,25 +58,28 @@ def learning_rate(rule: str, world_size: int, step: int, steps: int) -> float:
 def _global_mean(loss: torch.Tensor, world_size: int) -> float:
     total = loss.detach().clone()
     if world_size > 1:
-        dist.all_reduce(total)  # the ranks' mean losses, summed, over N: the global batch's mean
+        # the ranks' mean losses, summed, over N: the global batch's mean
+        dist.all_reduce(total)
     return total.item() / world_size
 
 
 @torch.no_grad()
 def val_loss(exp) -> float:
-    """The mean loss on one fixed batch of VAL_WINDOWS validation windows (the whole batch on
-    every rank: the replicas are equal, so every rank gets the same number)."""
+    """The mean loss on one fixed batch of VAL_WINDOWS validation windows (the whole
+    batch on every rank: the replicas are equal, so every rank gets the same number)."""
     T = exp.model.config.block_size
     x, y = exp.data.global_windows("val", 0, VAL_WINDOWS, T, exp.seed)
     return exp.model(x.to(exp.device), y.to(exp.device))[1].item()
 
 
 def train_with_rule(rule: str, steps: int, global_batch: int) -> dict:
-    """``steps`` AdamW steps at ``global_batch`` under the rule's learning rate; on every rank,
-    or in one process when no group is initialised. Global mean loss per step, the final
-    validation loss and the learning rates used."""
+    """``steps`` AdamW steps at ``global_batch`` under the rule's learning rate; on
+    every rank, or in one process when no group is initialised. Global mean loss per
+    step, the final validation loss and the learning rates used."""
     world_size = rank_world()[1]
-    exp = build("ddp" if world_size > 1 else "single", global_batch=global_batch, lr=BASE_LR)
+    exp = build(
+        "ddp" if world_size > 1 else "single", global_batch=global_batch, lr=BASE_LR
+    )
     losses, rates = [], []
     for step in range(steps):
         rate = learning_rate(rule, world_size, step, steps)
@@ -87,21 +95,35 @@ def train_with_rule(rule: str, steps: int, global_batch: int) -> dict:
 
 
 def scaling_runs(rules: tuple[str, ...] = tuple(RULES)) -> dict:
-    """On every rank (or in one process): every rule at this world size, on the same token
-    budget: TOKENS_AT_ONE_RANK_STEPS / N steps of N x PER_RANK_BATCH windows."""
+    """On every rank (or in one process): every rule at this world size, on the same
+    token budget: TOKENS_AT_ONE_RANK_STEPS / N steps of N x PER_RANK_BATCH windows."""
     world_size = rank_world()[1]
     if TOKENS_AT_ONE_RANK_STEPS % world_size:
-        raise ValueError(f"{TOKENS_AT_ONE_RANK_STEPS} steps of one rank do not split over {world_size} ranks")
+        raise ValueError(
+            f"{TOKENS_AT_ONE_RANK_STEPS} steps of one rank do not split over "
+            f"{world_size} ranks"
+        )
     steps = TOKENS_AT_ONE_RANK_STEPS // world_size
-    runs = {rule: train_with_rule(rule, steps, world_size * PER_RANK_BATCH) for rule in rules}
-    return {"world_size": world_size, "steps": steps, "global_batch": world_size * PER_RANK_BATCH, "runs": runs}
+    runs = {
+        rule: train_with_rule(rule, steps, world_size * PER_RANK_BATCH)
+        for rule in rules
+    }
+    return {
+        "world_size": world_size,
+        "steps": steps,
+        "global_batch": world_size * PER_RANK_BATCH,
+        "runs": runs,
+    }
 
 
 def one_process_losses(world_size: int, steps: int) -> list[float]:
-    """One process at N x PER_RANK_BATCH with the unscaled rule: what N ranks' "unscaled" run
-    must match step for step (call it where no process group is initialised)."""
+    """One process at N x PER_RANK_BATCH with the unscaled rule: what N ranks'
+    "unscaled" run must match step for step (call it where no process group is
+    initialised)."""
     if rank_world()[1] != 1:
-        raise RuntimeError("one_process_losses is the one-process reference: call it outside the ranks")
+        raise RuntimeError(
+            "one_process_losses is the one-process reference: call it outside the ranks"
+        )
     return train_with_rule("unscaled", steps, world_size * PER_RANK_BATCH)["losses"]
 
 

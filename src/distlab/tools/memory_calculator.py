@@ -3,19 +3,20 @@
     per_rank_bytes(7.5e9, ranks=64, dtype="bf16_mixed", strategy="zero1")  # the ZeRO paper's 31.4 GB
     estimate("shakespeare", ranks=4, strategy="zero3", micro_batch=16, seq_len=256)
 
-Model state is counted as the ZeRO paper counts it (Rajbhandari et al., arXiv 1910.02054,
-Section 5): a number of bytes per parameter for each part (parameters, gradients, optimizer
-state), divided by the number of ranks that share the part when the strategy shards it.
-On top of that model state, ``estimate`` adds the two things a step holds for a while: the
-whole parameters FSDP2 gathers (``gathered_params``), and the activations at their peak in
-backward (``activation_bytes``), both in the precision the forward computes in. Activations
-are not sharded by data parallelism: each rank keeps those of its own micro-batch.
+Model state is counted as the ZeRO paper counts it (Rajbhandari et al., arXiv
+1910.02054, Section 5): a number of bytes per parameter for each part (parameters,
+gradients, optimizer state), divided by the number of ranks that share the part when the
+strategy shards it. On top of that model state, ``estimate`` adds the two things a step
+holds for a while: the whole parameters FSDP2 gathers (``gathered_params``), and the
+activations at their peak in backward (``activation_bytes``), both in the precision the
+forward computes in. Activations are not sharded by data parallelism: each rank keeps
+those of its own micro-batch.
 
-This module is the one source of truth: the page in ``distlab.tools.calculator_page`` (HTML
-form and ipywidgets) only multiplies the coefficients ``calculator_data()`` exports. What the
-formulas are checked against: ``distlab.tools.memory_checks`` (the paper's Table 1, the exact
-layout of DDP and FSDP2 state) and the ZeRO memory chapter's measurements on real ranks
-(``distlab.chapters.zero_memory``).
+This module is the one source of truth: the page in ``distlab.tools.calculator_page``
+(HTML form and ipywidgets) only multiplies the coefficients ``calculator_data()``
+exports. What the formulas are checked against: ``distlab.tools.memory_checks`` (the
+paper's Table 1, the exact layout of DDP and FSDP2 state) and the ZeRO memory chapter's
+measurements on real ranks (``distlab.chapters.zero_memory``).
 """
 
 from __future__ import annotations
@@ -29,24 +30,51 @@ GB = 1e9  # the ZeRO paper's GB: 16 bytes x 7.5e9 parameters = 120e9 bytes, its 
 PARTS = ("params", "grads", "optimizer")
 
 # --- begin coefficients ---
-# bytes per parameter of the weights and gradients the forward/backward pass uses, and of the
-# fp32 copy of the weights that mixed precision keeps for the optimizer ("master" weights)
-DTYPES = {"fp32": {"params": 4, "grads": 4, "master": 0}, "bf16_mixed": {"params": 2, "grads": 2, "master": 4}}
-# fp32 optimizer state per parameter: AdamW's two moments, SGD's momentum buffer, plain SGD none
+# bytes per parameter of the weights and gradients the forward/backward pass uses, and
+# of the fp32 copy of the weights that mixed precision keeps for the optimizer ("master"
+# weights)
+DTYPES = {
+    "fp32": {"params": 4, "grads": 4, "master": 0},
+    "bf16_mixed": {"params": 2, "grads": 2, "master": 4},
+}
+# fp32 optimizer state per parameter: AdamW's two moments, SGD's momentum buffer, plain
+# SGD none
 OPTIMIZERS = {"adamw": 8, "sgd_momentum": 4, "sgd": 0}
 # --- end coefficients ---
 
 # --- begin strategies ---
-# which parts each strategy divides, and by how many ranks ("ranks": all N, "group": g); and
-# which whole parameters FSDP2 holds on top of its shards at the peak of a step ("gathered"):
-# "units", the root and two blocks (the one computing and the one prefetched), or "model"
+# which parts each strategy divides, and by how many ranks ("ranks": all N, "group": g);
+# and which whole parameters FSDP2 holds on top of its shards at the peak of a step
+# ("gathered"): "units", the root and two blocks (the one computing and the one
+# prefetched), or "model"
 STRATEGIES = {
-    "ddp": {"label": "DDP (no sharding)", "sharded": (), "divisor": "ranks", "gathered": None},
-    "zero1": {"label": "ZeRO-1: optimizer state", "sharded": ("optimizer",), "divisor": "ranks", "gathered": None},
-    "zero2": {"label": "ZeRO-2: + gradients", "sharded": ("optimizer", "grads"), "divisor": "ranks", "gathered": None},
-    "zero3": {"label": "ZeRO-3 = FSDP2 fully_shard", "sharded": PARTS, "divisor": "ranks", "gathered": "units"},
-    # reshard_after_forward=False: the same shards, and each unit's gathered parameters alive
-    # from its forward to its backward, so when backward starts every unit is whole
+    "ddp": {
+        "label": "DDP (no sharding)",
+        "sharded": (),
+        "divisor": "ranks",
+        "gathered": None,
+    },
+    "zero1": {
+        "label": "ZeRO-1: optimizer state",
+        "sharded": ("optimizer",),
+        "divisor": "ranks",
+        "gathered": None,
+    },
+    "zero2": {
+        "label": "ZeRO-2: + gradients",
+        "sharded": ("optimizer", "grads"),
+        "divisor": "ranks",
+        "gathered": None,
+    },
+    "zero3": {
+        "label": "ZeRO-3 = FSDP2 fully_shard",
+        "sharded": PARTS,
+        "divisor": "ranks",
+        "gathered": "units",
+    },
+    # reshard_after_forward=False: the same shards, and each unit's gathered parameters
+    # alive from its forward to its backward, so when backward starts every unit is
+    # whole
     "fsdp2_no_reshard": {
         "label": "FSDP2 reshard_after_forward=False",
         "sharded": PARTS,
@@ -62,9 +90,11 @@ STRATEGIES = {
 }
 # --- end strategies ---
 
-GPT2_SMALL = GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
-# the calculator's models; the paper's 7.5B is a parameter count without an architecture,
-# so it (and a free parameter count) has no activation estimate
+GPT2_SMALL = GPTConfig(
+    vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768
+)
+# the calculator's models; the paper's 7.5B is a parameter count without an
+# architecture, so it (and a free parameter count) has no activation estimate
 MODELS: dict[str, dict] = {
     "tiny": {"label": "tiny (this book)", "config": preset("tiny")},
     "shakespeare": {"label": "shakespeare (10.8M)", "config": preset("shakespeare")},
@@ -75,19 +105,25 @@ MODELS: dict[str, dict] = {
 
 def _choice(kind: str, value: str, options) -> None:
     if value not in options:
-        raise ValueError(f"unknown {kind} {value!r}; choose one of {', '.join(options)}")
+        raise ValueError(
+            f"unknown {kind} {value!r}; choose one of {', '.join(options)}"
+        )
 
 
 def bytes_per_param(dtype: str = "fp32", optimizer: str = "adamw") -> dict[str, int]:
     """Bytes per parameter of each part when nothing is sharded.
 
-    bf16 mixed precision with AdamW gives 2 + 2 + 12: the paper's 2Ψ + 2Ψ + KΨ with K = 12
-    (fp32 master weights, momentum and variance); fp32 AdamW gives 4 + 4 + 8 = 16.
+    bf16 mixed precision with AdamW gives 2 + 2 + 12: the paper's 2Ψ + 2Ψ + KΨ with K =
+    12 (fp32 master weights, momentum and variance); fp32 AdamW gives 4 + 4 + 8 = 16.
     """
     _choice("dtype", dtype, DTYPES)
     _choice("optimizer", optimizer, OPTIMIZERS)
     d = DTYPES[dtype]
-    return {"params": d["params"], "grads": d["grads"], "optimizer": d["master"] + OPTIMIZERS[optimizer]}
+    return {
+        "params": d["params"],
+        "grads": d["grads"],
+        "optimizer": d["master"] + OPTIMIZERS[optimizer],
+    }
 
 
 def divisor(strategy: str, ranks: int, group_size: int | None = None) -> int:
@@ -113,67 +149,93 @@ def per_rank_bytes(
     strategy: str = "ddp",
     group_size: int | None = None,
 ) -> dict[str, float]:
-    """Model-state bytes on each rank: ``coef * n_params / (divisor if sharded else 1)`` per part."""
+    """Model-state bytes on each rank: ``coef * n_params / (divisor if sharded else 1)``
+    per part."""
     d = divisor(strategy, ranks, group_size)
     coef = bytes_per_param(dtype, optimizer)
     sharded = STRATEGIES[strategy]["sharded"]
-    out = {part: coef[part] * n_params / (d if part in sharded else 1) for part in PARTS}
+    out = {
+        part: coef[part] * n_params / (d if part in sharded else 1) for part in PARTS
+    }
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return out
 
 
 # --- begin activations ---
-VALUE_BYTES = {"fp32": 4, "bf16_mixed": 2}  # bytes per activation value: the precision the forward computes in
+# bytes per activation value: the precision the forward computes in
+VALUE_BYTES = {"fp32": 4, "bf16_mixed": 2}
 MOMENTS = ("loss", "last block")  # where backward can reach its peak
 
 
 def activation_bytes(
-    cfg: GPTConfig, batch: int, seq_len: int, checkpointing: bool = False, dtype: str = "fp32"
+    cfg: GPTConfig,
+    batch: int,
+    seq_len: int,
+    checkpointing: bool = False,
+    dtype: str = "fp32",
 ) -> dict[str, int | str]:
-    """Activation bytes on one rank for a micro-batch of ``batch`` sequences of ``seq_len``.
+    """Activation bytes on one rank for a micro-batch of ``batch`` sequences of
+    ``seq_len``.
 
     ``saved``: what autograd keeps after the forward pass. Without checkpointing, every
-    block's saved tensors (``activation_bytes_formula``). With each block checkpointed, only
-    each block's (B, T, C) input, plus what the layers outside the blocks save.
+    block's saved tensors (``activation_bytes_formula``). With each block checkpointed,
+    only each block's (B, T, C) input, plus what the layers outside the blocks save.
     ``recompute``: with checkpointing, one block's saved tensors, rebuilt in backward.
-    ``peak`` is ``saved`` plus the most that backward adds at one moment, ``at`` one of two:
-    * "loss": log-softmax's backward holds the gradients of its output and of the logits,
+    ``peak`` is ``saved`` plus the most that backward adds at one moment, ``at`` one of
+    two:
+    * "loss": log-softmax's backward holds the gradients of its output and of the
+      logits,
       two (B, T, V) fp32 tensors (fp32 in bf16 too: the loss is computed from logits.float());
-    * "last block": the recomputed block, if any, and the MLP's backward: the gradients of
+    * "last block": the recomputed block, if any, and the MLP's backward: the gradients
+      of
       the block's output (BTC) and of the hidden layer (4BTC), the down-projection's weight
       and bias gradients (4C^2 + C) and the tied head's weight gradient, held until the
       embedding's is added to it (VC); by then the log-softmax output (BTV, fp32) and the
       final LayerNorm's tensors (2BTC + 2BT) are freed.
-    The caller must drop the logits (``model(x, y)[1]``); keeping them adds (B, T, V) values.
+    The caller must drop the logits (``model(x, y)[1]``); keeping them adds (B, T, V)
+    values.
     """
     if batch < 1 or not 1 <= seq_len <= cfg.block_size:
         raise ValueError(
-            f"need batch >= 1 and 1 <= seq_len <= block_size {cfg.block_size}, got batch={batch}, seq_len={seq_len}"
+            f"need batch >= 1 and 1 <= seq_len <= block_size {cfg.block_size}, "
+            f"got batch={batch}, seq_len={seq_len}"
         )
     _choice("dtype", dtype, VALUE_BYTES)
     w, B, T, C, V = VALUE_BYTES[dtype], batch, seq_len, cfg.n_embd, cfg.vocab_size
     full = activation_bytes_formula(cfg, B, T, w)
     saved, recompute = full["total"], 0
     if checkpointing:
-        saved, recompute = cfg.n_layer * w * B * T * C + full["outside_blocks"], full["per_block"]
+        saved, recompute = (
+            cfg.n_layer * w * B * T * C + full["outside_blocks"],
+            full["per_block"],
+        )
     freed = 4 * B * T * V + w * (2 * B * T * C + 2 * B * T)
     added = {
         "loss": 2 * 4 * B * T * V,
         "last block": recompute + w * (5 * B * T * C + 4 * C * C + C + V * C) - freed,
     }
     at = max(MOMENTS, key=added.get)
-    return {"saved": saved, "recompute": recompute, "peak": saved + added[at], "at": at, "added": added}
+    return {
+        "saved": saved,
+        "recompute": recompute,
+        "peak": saved + added[at],
+        "at": at,
+        "added": added,
+    }
 
 
 # --- end activations ---
 
 
-def activation_coefficients(cfg: GPTConfig, checkpointing: bool, dtype: str) -> list[dict[str, int]]:
-    """The ``peak`` as the larger of two affine functions of (B*T, T, 1), one per moment of
-    ``MOMENTS``: bytes per token (x B*T), per position (x T) and a constant.
+def activation_coefficients(
+    cfg: GPTConfig, checkpointing: bool, dtype: str
+) -> list[dict[str, int]]:
+    """The ``peak`` as the larger of two affine functions of (B*T, T, 1), one per moment
+    of ``MOMENTS``: bytes per token (x B*T), per position (x T) and a constant.
 
-    Each moment's bytes are exact and affine, so three evaluations give its three coefficients;
-    two more check that it still is affine. The page's script takes the larger of the two.
+    Each moment's bytes are exact and affine, so three evaluations give its three
+    coefficients; two more check that it still is affine. The page's script takes the
+    larger of the two.
     """
     out = []
     for moment in MOMENTS:
@@ -186,8 +248,12 @@ def activation_coefficients(cfg: GPTConfig, checkpointing: bool, dtype: str) -> 
         per_position = f(1, 2) - f(1, 1) - per_token
         constant = f(1, 1) - per_token - per_position
         for b, t in ((3, 2), (2, 2)):
-            assert f(b, t) == per_token * b * t + per_position * t + constant, "activations not affine"
-        out.append({"per_token": per_token, "per_position": per_position, "constant": constant})
+            assert f(b, t) == per_token * b * t + per_position * t + constant, (
+                "activations not affine"
+            )
+        out.append(
+            {"per_token": per_token, "per_position": per_position, "constant": constant}
+        )
     return out
 
 
@@ -198,17 +264,21 @@ def model_params(model: str) -> float:
 
 
 def fsdp2_unit_params(cfg: GPTConfig) -> dict[str, int]:
-    """Parameters of one block and of the root (the rest: embeddings, final LayerNorm; the
-    head is tied) when each block is an FSDP2 unit, as ``distlab.parallel.apply_fsdp`` makes them."""
+    """Parameters of one block and of the root (the rest: embeddings, final LayerNorm;
+    the head is tied) when each block is an FSDP2 unit, as
+    ``distlab.parallel.apply_fsdp`` makes them."""
     with torch.device("meta"):  # shapes only, no memory
         block = sum(p.numel() for p in Block(cfg).parameters())
     return {"block": block, "root": parameter_formula(cfg) - cfg.n_layer * block}
 
 
-def gathered_params(strategy: str, n_params: float, cfg: GPTConfig | None) -> float | None:
-    """Whole parameters held on top of the shards at the peak of a step: none for DDP and
-    ZeRO-1/2 (their parameters are whole anyway); the root and two blocks under FSDP2 with
-    resharding, which needs the architecture (None without one); every unit without."""
+def gathered_params(
+    strategy: str, n_params: float, cfg: GPTConfig | None
+) -> float | None:
+    """Whole parameters held on top of the shards at the peak of a step: none for DDP
+    and ZeRO-1/2 (their parameters are whole anyway); the root and two blocks under
+    FSDP2 with resharding, which needs the architecture (None without one); every unit
+    without."""
     kind = STRATEGIES[strategy]["gathered"]
     if kind is None:
         return 0
@@ -233,10 +303,11 @@ def estimate(
 ) -> dict:
     """Everything the calculator shows: bytes per rank of each part and the total.
 
-    ``model`` is a name in ``MODELS`` or a number of parameters. ``gathered``: whole parameters
-    in the compute dtype that FSDP2 holds at the peak (``gathered_params``); ``activations``:
-    their peak (``activation_bytes``) in the compute dtype. Both need a GPT config where they
-    depend on the architecture, and are ``None`` (not counted) for the 7.5B and free-count models.
+    ``model`` is a name in ``MODELS`` or a number of parameters. ``gathered``: whole
+    parameters in the compute dtype that FSDP2 holds at the peak (``gathered_params``);
+    ``activations``: their peak (``activation_bytes``) in the compute dtype. Both need a
+    GPT config where they depend on the architecture, and are ``None`` (not counted) for
+    the 7.5B and free-count models.
     """
     n_params = model if isinstance(model, (int, float)) else model_params(model)
     out = per_rank_bytes(n_params, ranks, dtype, optimizer, strategy, group_size)
@@ -246,14 +317,16 @@ def estimate(
     out["activations"] = None
     if cfg is not None:
         seq_len = seq_len or cfg.block_size
-        out["activations"] = activation_bytes(cfg, micro_batch, seq_len, activation_checkpointing, dtype)["peak"]
+        out["activations"] = activation_bytes(
+            cfg, micro_batch, seq_len, activation_checkpointing, dtype
+        )["peak"]
     out["total"] = out["total"] + (out["gathered"] or 0) + (out["activations"] or 0)
     return out
 
 
 def calculator_data() -> dict:
-    """The coefficient table the HTML calculator (``distlab.tools.calculator_page``) multiplies,
-    exported from the functions above."""
+    """The coefficient table the HTML calculator (``distlab.tools.calculator_page``)
+    multiplies, exported from the functions above."""
     models = {}
     for name, spec in MODELS.items():
         cfg = spec.get("config")
@@ -263,7 +336,10 @@ def calculator_data() -> dict:
             "block_size": cfg.block_size if cfg else None,
             "gathered_units": gathered_params("zero3", model_params(name), cfg),
             "activations": {
-                d: {"off": activation_coefficients(cfg, False, d), "on": activation_coefficients(cfg, True, d)}
+                d: {
+                    "off": activation_coefficients(cfg, False, d),
+                    "on": activation_coefficients(cfg, True, d),
+                }
                 for d in VALUE_BYTES
             }
             if cfg
@@ -271,7 +347,9 @@ def calculator_data() -> dict:
         }
     return {
         "parts": list(PARTS),
-        "bytes_per_param": {d: {o: bytes_per_param(d, o) for o in OPTIMIZERS} for d in DTYPES},
+        "bytes_per_param": {
+            d: {o: bytes_per_param(d, o) for o in OPTIMIZERS} for d in DTYPES
+        },
         "strategies": {
             s: {
                 "label": v["label"],

@@ -5,8 +5,9 @@ Table 1, transcribed, and the exact tensor-by-tensor layout of DDP's and FSDP2's
     agrees_with_print(1.875, "1.88")                               # "rounded"
     exact_adamw_state_bytes(shapes, ranks=4, rank=3, fsdp2=True)   # to the byte, from the shapes
 
-The calculator (``distlab.tools.memory_calculator``) counts bytes per parameter; these count
-what the paper printed and what the ranks really hold, so the ZeRO chapter can compare them.
+The calculator (``distlab.tools.memory_calculator``) counts bytes per parameter; these
+count what the paper printed and what the ranks really hold, so the ZeRO chapter can
+compare them.
 """
 
 from __future__ import annotations
@@ -17,18 +18,32 @@ import math
 def zero_paper_bytes(psi: float, n_d: int, stage: int, k: int = 12) -> float:
     """The paper's own formulas (its Figure 1): baseline (2+2+K)Ψ, P_os 4Ψ + KΨ/N_d,
     P_os+g 2Ψ + (2+K)Ψ/N_d, P_os+g+p (4+K)Ψ/N_d."""
-    return [(4 + k) * psi, 4 * psi + k * psi / n_d, 2 * psi + (2 + k) * psi / n_d, (4 + k) * psi / n_d][stage]
+    return [
+        (4 + k) * psi,
+        4 * psi + k * psi / n_d,
+        2 * psi + (2 + k) * psi / n_d,
+        (4 + k) * psi / n_d,
+    ][stage]
 
 
-# Table 1 of the paper (arXiv 1910.02054, Section 5.2), per-device GB, printed as strings
-# because the printed digits are part of the check: {model: {stage: [N_d=1, 4, 16, 64, 256, 1024]}}
-# Figure 1 of the paper (arXiv 1910.02054 v3): 7.5B parameters, N_d = 64, K = 12, baseline and
-# stages 1 to 3, printed to fewer digits than Table 1 (its last bar says 1.9 GB, Table 1 1.88)
+# Table 1 of the paper (arXiv 1910.02054, Section 5.2), per-device GB, printed as
+# strings because the printed digits are part of the check: {model: {stage: [N_d=1, 4,
+# 16, 64, 256, 1024]}} Figure 1 of the paper (arXiv 1910.02054 v3): 7.5B parameters, N_d
+# = 64, K = 12, baseline and stages 1 to 3, printed to fewer digits than Table 1 (its
+# last bar says 1.9 GB, Table 1 1.88)
 PAPER_FIGURE_1 = ("120", "31.4", "16.6", "1.9")
 PAPER_DP = (1, 4, 16, 64, 256, 1024)
 PAPER_TABLE_1 = {
-    7.5e9: {1: "120 52.5 35.6 31.4 30.4 30.1", 2: "120 41.3 21.6 16.6 15.4 15.1", 3: "120 30 7.5 1.88 0.47 0.12"},
-    128e9: {1: "2048 896 608 536 518 513", 2: "2048 704 368 284 263 257", 3: "2048 512 128 32 8 2"},
+    7.5e9: {
+        1: "120 52.5 35.6 31.4 30.4 30.1",
+        2: "120 41.3 21.6 16.6 15.4 15.1",
+        3: "120 30 7.5 1.88 0.47 0.12",
+    },
+    128e9: {
+        1: "2048 896 608 536 518 513",
+        2: "2048 704 368 284 263 257",
+        3: "2048 512 128 32 8 2",
+    },
     1e12: {
         1: "16000 7000 4750 4187 4046 4011",
         2: "16000 5500 2875 2218 2054 2013",
@@ -38,7 +53,8 @@ PAPER_TABLE_1 = {
 
 
 def agrees_with_print(value: float, printed: str) -> str | None:
-    """'rounded' or 'truncated' if ``value`` printed to ``printed``'s decimals gives it, else None."""
+    """'rounded' or 'truncated' if ``value`` printed to ``printed``'s decimals gives it,
+    else None."""
     decimals = len(printed.partition(".")[2])
     scale = 10**decimals
     if math.floor(value * scale + 0.5 + 1e-9) / scale == float(printed):
@@ -49,22 +65,26 @@ def agrees_with_print(value: float, printed: str) -> str | None:
 
 
 def fsdp2_local_rows(rows: int, ranks: int, rank: int) -> int:
-    """Rows of a dim-0-sharded tensor on ``rank``: chunks of ceil(rows/N); the last ranks
-    may hold fewer, or none."""
+    """Rows of a dim-0-sharded tensor on ``rank``: chunks of ceil(rows/N); the last
+    ranks may hold fewer, or none."""
     chunk = -(-rows // ranks)
     return max(0, min(rows, (rank + 1) * chunk) - rank * chunk)
 
 
 def exact_adamw_state_bytes(
-    shapes: list[tuple[int, ...]], ranks: int, rank: int, fsdp2: bool, storage: bool = False
+    shapes: list[tuple[int, ...]],
+    ranks: int,
+    rank: int,
+    fsdp2: bool,
+    storage: bool = False,
 ) -> dict[str, int]:
     """fp32 AdamW state on one rank, tensor by tensor, as DDP or FSDP2 lays it out.
 
-    Under FSDP2 each tensor is split along dim 0. ``storage=False`` counts what ``to_local()``
-    shows (``distlab.memory.state_bytes``); ``storage=True`` counts the memory allocated:
-    FSDP2 pads parameters and gradients to ceil(rows/N) rows on every rank, while AdamW's
-    moments (``zeros_like`` of the local shard) are not padded. AdamW also keeps a 4-byte
-    ``step`` tensor per parameter tensor.
+    Under FSDP2 each tensor is split along dim 0. ``storage=False`` counts what
+    ``to_local()`` shows (``distlab.memory.state_bytes``); ``storage=True`` counts the
+    memory allocated: FSDP2 pads parameters and gradients to ceil(rows/N) rows on every
+    rank, while AdamW's moments (``zeros_like`` of the local shard) are not padded.
+    AdamW also keeps a 4-byte ``step`` tensor per parameter tensor.
     """
     local = padded = 0
     for shape in shapes:
@@ -72,6 +92,10 @@ def exact_adamw_state_bytes(
         local += per_row * (fsdp2_local_rows(rows, ranks, rank) if fsdp2 else rows)
         padded += per_row * (-(-rows // ranks) if fsdp2 else rows)
     weights = 4 * (padded if storage else local)
-    out = {"params": weights, "grads": weights, "optimizer": 2 * 4 * local + 4 * len(shapes)}
+    out = {
+        "params": weights,
+        "grads": weights,
+        "optimizer": 2 * 4 * local + 4 * len(shapes),
+    }
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return out
