@@ -49,7 +49,8 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session", autouse=True)
 def _environment():
-    """No progress bars in test output (nothing is cached: each run times its own peak)."""
+    """No progress bars in test output (nothing is cached: each run times its
+    own peak)."""
     os.environ.setdefault("TQDM_DISABLE", "1")
     yield
 
@@ -59,7 +60,11 @@ def _environment():
 # take one of them early and sit blocked for the whole build (xdist hands out the files
 # with the most tests first). Not xdist_group: --dist loadgroup silently stops grouping
 # with pytest 9.2.
-BOOK_FILES = ("test_notebooks.py", "test_book_in_browser.py")
+BOOK_FILES = (
+    "test_notebooks.py",
+    "test_page_anatomy.py",
+    "test_book_in_browser.py",
+)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -81,9 +86,13 @@ def pytest_collection_modifyitems(items):
     """The book's tests first: the strict build they share is the longest task of the
     suite, so under xdist the worker that takes this file must start it before anything
     else; the browser tests, which read that build, follow it."""
-    order = {"test_notebooks.py": 0, "test_book_in_browser.py": 1}
+    order = {
+        "test_notebooks.py": 0,
+        "test_page_anatomy.py": 1,
+        "test_book_in_browser.py": 2,
+    }
     # stable: keeps the rest in order
-    items.sort(key=lambda item: order.get(item.path.name, 2))
+    items.sort(key=lambda item: order.get(item.path.name, 3))
 
 
 # Pages executed at a time before the build reads them (distlab.infra.book_build): the
@@ -109,8 +118,8 @@ def built_book(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     build is shared through a folder both workers see, under a file lock: the first
     worker to ask builds, the other waits for it and reads the same result."""
     reuse = os.environ.get("DISTLAB_REUSE_BUILD")
-    # working on the page tests: read a finished build (the strict-build test then
-    # fails)
+    # working on the page tests: read a finished build (the strict-build test
+    # then fails)
     if reuse:
         return subprocess.CompletedProcess(["reused", reuse], 0, "", ""), Path(reuse)
     shared = _run_folder(tmp_path_factory)

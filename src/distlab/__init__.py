@@ -1,38 +1,48 @@
-"""distlab: the code of the book, by role. Start here to find where a piece lives or
-goes.
+"""distlab: the code of the book, by role. Start here to find where a piece lives
+or goes.
 
 The training library (this folder's own modules): what the six lab scripts in
 ``src/labs/`` import, and nothing else. An API for six scripts: change it and every
 lab's diff changes.
 
-    model       the GPT. Frozen: never changed for parallelism (a test holds its sha256)
-    data        the corpus (Tiny Shakespeare ships in ``corpus/``), the tokenizer, batches by rank
-    runtime     the one place that picks device, backend and dtype; joins the process group
-    parallel    DDP, FSDP2, activation checkpointing and torch.compile, applied to the model from outside
+    model       the GPT. Frozen: never changed for parallelism (a test holds its
+                sha256)
+    data        the corpus (Tiny Shakespeare ships in ``corpus/``), the tokenizer,
+                batches by rank
+    runtime     the one place that picks device, backend and dtype; joins the process
+                group
+    parallel    DDP, FSDP2, activation checkpointing and torch.compile, applied to the
+                model from outside
     checkpoint  save and resume with DCP; plain weights in and out
-    accel       lab 6's Accelerator and the checks that turn its quiet fallbacks into errors
+    accel       lab 6's Accelerator and the checks that turn its quiet fallbacks into
+                errors
     cli         a config dataclass from the command line; one-line errors
     errors      ``UserError``: a mistake the user can fix, reported in one line
-    metrics     metrics.jsonl and summary.json of a run; the steps between logs, timed (LogWindow)
+    metrics     metrics.jsonl and summary.json of a run; the steps between logs, timed
+                (LogWindow)
     flops       FLOPs per token, the measured matmul peak, MFU
-    memory      bytes of model state, activations, and the peak by kind (PyTorch's MemTracker)
+    memory      bytes of model state, activations, and the peak by kind (PyTorch's
+                MemTracker)
 
 Around it, one subpackage per role:
 
-    scratch/    the mechanisms rebuilt by hand (collectives, data_parallel, ddp, fsdp, a
-                halving-doubling all-reduce, SyncBatchNorm), each tested equal to PyTorch's own
-    chapters/   one module per chapter page, named after it: ``chapters/fsdp2.py`` holds the
-                experiments ``book/fsdp2.md`` runs
+    scratch/    the mechanisms rebuilt by hand (collectives, data_parallel, ddp, fsdp,
+                a halving-doubling all-reduce, SyncBatchNorm), each tested equal to
+                PyTorch's own
+    chapters/   one module per chapter page, named after it: ``chapters/fsdp2.py``
+                holds the experiments ``book/fsdp2.md`` runs
     exercises/  the checkers of the exercises that ask for code, named after their page
-    tools/      what a reader keeps using after the book: the debugging tools, the run-log
-                CLI (``python -m distlab.tools.runs``), the memory calculator, the DDP step
-                model and all-reduce cost models, counters of collectives' bytes, a straggler
-                detector, and the planner (``python -m distlab.tools.plan``: memory and step
-                time of a run from model shapes, GPUs and networks, and published runs)
-    bench/      the benchmarks (``python -m distlab.bench``, ``python -m distlab.bench.ddp``, ...)
-                and the recorded results' provenance
-    infra/      plumbing for pages and tests: launching ranks from a notebook, repository paths,
-                the experiment harness, tables, lab diffs
+    tools/      what a reader keeps using after the book: the debugging tools, the
+                run-log CLI (``python -m distlab.tools.runs``), the memory calculator,
+                the DDP step model and all-reduce cost models, counters of collectives'
+                bytes, a straggler detector, and the planner
+                (``python -m distlab.tools.plan``: memory and step time of a run from
+                model shapes, GPUs and networks, and published runs)
+    bench/      the benchmarks (``python -m distlab.bench``,
+                ``python -m distlab.bench.ddp``, ...) and the recorded
+                results' provenance
+    infra/      plumbing for pages and tests: launching ranks from a notebook,
+                repository paths, the experiment harness, tables, lab diffs
 
 Who may import whom (an arrow is "may import"; nothing imports upward):
 

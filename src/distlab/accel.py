@@ -1,5 +1,5 @@
-"""Hugging Face Accelerate for lab 6: build the Accelerator, and check it gave what was
-asked.
+"""Hugging Face Accelerate for lab 6: build the Accelerator, and check it gave what
+was asked.
 
 Accelerate decides a lot from the environment and falls back quietly when it cannot do
 what it was asked (each fallback is reproduced in the Accelerate chapter):
@@ -16,8 +16,8 @@ an error.
 With ``--fsdp`` the lab shards the model itself, checkpoint first
 (``parallel.apply_fsdp``), on GPUs as on CPU ranks: Accelerate 1.15's plugin, left to
 shard, puts the FSDP2 unit inside the checkpoint wrapper and, given
-``mixed_precision="bf16"``, reduces gradients in bf16 (the chapter shows both on CPU
-ranks).
+``mixed_precision="bf16"``, reduces gradients in bf16 (the chapter shows both on
+CPU ranks).
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def make_accelerator(
         # without it, CPU processes never form a group (no error either)
         cpu=device.type == "cpu",
         mixed_precision=mixed_precision_for(dtype, fsdp),
-        # sync_with_dataloader: our batches come from TokenData, not a DataLoader; count
-        # micro-batches
+        # sync_with_dataloader: our batches come from TokenData, not a DataLoader;
+        # count micro-batches
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=accum_steps,
             sync_each_batch=sync_each_batch,
@@ -102,8 +102,8 @@ def make_accelerator(
 
 
 def check_fsdp_request(cfg, world_size: int, device: torch.device) -> None:
-    """Refuse the FSDP runs this lab cannot give as asked, before any process group
-    exists."""
+    """Refuse the FSDP runs this lab cannot give as asked, before any process
+    group exists."""
     if cfg.fsdp and world_size == 1:
         raise UserError(
             "--fsdp shards over ranks and one process has none: launch 2 or "
@@ -126,7 +126,8 @@ def launched_processes() -> int:
 
 
 def check_processes(accelerator) -> None:
-    """Fail when the launcher started N processes but Accelerate made N groups of one."""
+    """Fail when the launcher started N processes but Accelerate made N groups
+    of one."""
     launched = launched_processes()
     if accelerator.num_processes != launched:
         raise UserError(
@@ -146,8 +147,8 @@ def check_processes(accelerator) -> None:
 
 
 def strategy_of(model: nn.Module) -> str:
-    """What really trains: ``fsdp2`` (DTensor parameters), ``ddp`` (a DDP wrapper) or
-    ``single``."""
+    """What really trains: ``fsdp2`` (DTensor parameters), ``ddp`` (a DDP wrapper)
+    or ``single``."""
     from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel
 
@@ -159,12 +160,13 @@ def strategy_of(model: nn.Module) -> str:
 
 
 def check_strategy(model: nn.Module, accelerator, fsdp: bool) -> str:
-    """The strategy in use after ``prepare``; an error if it is not the one asked for."""
+    """The strategy in use after ``prepare``; an error if it is not the one
+    asked for."""
     # When Accelerate wraps DDP (prepare_model, accelerate/accelerator.py): on CPU ranks
     # (MULTI_CPU) always, one process under torchrun included; on GPUs (MULTI_GPU) only
     # with several processes (``multi_device`` needs ``use_distributed``, num_processes
-    # > 1, in state.py). Seen on an H100: lab 6 under torchrun with one process trains
-    # unwrapped.
+    # > 1, in state.py). Seen on an H100: lab 6 under torchrun with one process
+    # trains unwrapped.
     kind = accelerator.distributed_type  # DistributedType is a str enum
     wraps_ddp = kind == "MULTI_CPU" or (kind != "NO" and accelerator.num_processes > 1)
     want = "fsdp2" if fsdp else ("ddp" if wraps_ddp else "single")
@@ -197,8 +199,8 @@ PROGRESS_FILE = "custom_checkpoint_0.pkl"
 
 
 class AcceleratorCheckpoints:
-    """``accelerator.save_state`` to ``OUT/checkpoints/step_NNNNNN`` and ``load_state``
-    back.
+    """``accelerator.save_state`` to ``OUT/checkpoints/step_NNNNNN`` and
+    ``load_state`` back.
 
     Accelerate writes the model and optimizer once (rank 0) under DDP and sharded under
     its FSDP plugin, plus one RNG file per rank. A folder gets its final name only when
@@ -212,8 +214,8 @@ class AcceleratorCheckpoints:
         accelerator.register_for_checkpointing(self.progress)
 
     def maybe_save(self, step: int) -> None:
-        """Call after optimizer step ``step``; saves every ``cfg.checkpoint_every``
-        steps."""
+        """Call after optimizer step ``step``; saves every
+        ``cfg.checkpoint_every`` steps."""
         if (
             self.cfg.checkpoint_every > 0
             and (step + 1) % self.cfg.checkpoint_every == 0

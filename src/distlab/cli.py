@@ -33,7 +33,8 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def _field_comments(cls) -> dict[str, str]:
-    """Each field's help text: its trailing comment, else the comment lines just above."""
+    """Each field's help text: its trailing comment, else the comment lines
+    just above."""
     comments, above = {}, []
     for line in inspect.getsource(cls).splitlines():
         stripped = line.strip()
@@ -50,7 +51,8 @@ def _field_comments(cls) -> dict[str, str]:
 def parse_config(
     cls: type[C], argv: list[str] | None = None, description: str = ""
 ) -> C:
-    """Build ``cls`` from the command line; each field is a ``--flag`` with its default."""
+    """Build ``cls`` from the command line; each field is a ``--flag`` with
+    its default."""
     parser = _OneLineParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -81,7 +83,8 @@ def parse_config(
 
 
 def run(main: Callable[[], object], prog: str) -> None:
-    """Call ``main``; a ``UserError`` ends the process with one line and exit status 1."""
+    """Call ``main``; a ``UserError`` ends the process with one line and exit
+    status 1."""
     try:
         main()
     except UserError as err:

@@ -34,8 +34,8 @@ MIN_CHARS = round((min(cfg.block_size for cfg in PRESETS.values()) + 1) / VAL_FR
 
 
 class DataError(UserError):
-    """The text cannot be had as asked (missing or unreadable file, corrupt package
-    data)."""
+    """The text cannot be had as asked (missing or unreadable file, corrupt
+    package data)."""
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,8 @@ def _read_packaged() -> str:
 
 
 def _read_user_file(path: Path) -> str:
-    """A reader's own corpus: any UTF-8 text long enough to cut windows from; no
-    checksum."""
+    """A reader's own corpus: any UTF-8 text long enough to cut windows from;
+    no checksum."""
     if not path.exists():
         raise DataError(f"data file {path} does not exist")
     if not path.is_file():
@@ -126,8 +126,8 @@ class CharTokenizer:
 
 
 def _stream_seed(seed: int, split: str, step: int) -> int:
-    # hashlib, not hash(): Python salts str hashes per process, and every rank must
-    # agree
+    # hashlib, not hash(): Python salts str hashes per process, and every rank
+    # must agree
     digest = hashlib.blake2b(f"{seed}/{split}/{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # manual_seed takes 63 bits
 
@@ -150,8 +150,8 @@ class TokenData:
 
     @property
     def vocab_size(self) -> int:
-        """Distinct characters of the loaded text: the model's embedding and output
-        size."""
+        """Distinct characters of the loaded text: the model's embedding and
+        output size."""
         return self.tokenizer.vocab_size
 
     def global_windows(
@@ -186,8 +186,8 @@ class TokenData:
         world_size: int = 1,
         device: torch.device | str = "cpu",
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's rows of the global batch of ``step``, each (B/N, T), on
-        ``device``."""
+        """This rank's rows of the global batch of ``step``, each (B/N, T),
+        on ``device``."""
         if global_batch % world_size:
             raise DataError(
                 f"global batch {global_batch} does not split over {world_size} ranks"

@@ -1,5 +1,5 @@
-"""FLOPs per token, the measured matmul peak, and MFU: throughput numbers that can be
-trusted.
+"""FLOPs per token, the measured matmul peak, and MFU: throughput numbers that can
+be trusted.
 
 MFU (model FLOPs utilisation) = FLOPs the model needs per second / peak FLOP/s of the
 device. The numerator comes from the formula below. The denominator is measured: a large
@@ -175,8 +175,8 @@ def _matmul_flops_per_s(
 
 
 def measured_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
-    """FLOP/s of a large square matmul on ``device`` in ``dtype``, timed now, in this
-    process.
+    """FLOP/s of a large square matmul on ``device`` in ``dtype``, timed now, in
+    this process.
 
     It runs with the threads the process has. In a process group every rank times it at
     the same moment and all of them get the mean of the ranks' best: the peak of one
@@ -218,8 +218,8 @@ def datasheet_peak(
     device: torch.device, dtype: torch.dtype
 ) -> tuple[str, float] | None:
     """(GPU and precision, dense peak FLOP/s) from ``DATASHEET_PEAKS``; None for a CPU
-    or a GPU not in the table. An fp32 matmul counts at the TF32 rate when TF32 is
-    allowed."""
+    or a GPU not in the table. An fp32 matmul counts at the TF32 rate when TF32
+    is allowed."""
     if device.type != "cuda":
         return None
     precision = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype)

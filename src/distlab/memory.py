@@ -27,8 +27,8 @@ def _bytes(t: torch.Tensor) -> int:
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes this rank holds in parameters, gradients and optimizer state, from the
-    tensors."""
+    """Bytes this rank holds in parameters, gradients and optimizer state, from
+    the tensors."""
     params = list(model.parameters())  # deduplicated: a tied matrix counts once
     out = {
         "params": sum(_bytes(p) for p in params),
@@ -232,15 +232,16 @@ _KINDS = {
 
 
 class StepMemory:
-    """Peak bytes by kind during one training step of a lab, from PyTorch's memory
-    tracker.
+    """Peak bytes by kind during one training step of a lab, from PyTorch's
+    memory tracker.
 
         memory = StepMemory(model, optimizer, enabled=cfg.track_memory)
         for step in ...:
             memory.begin()
             ...  # the train step
             memory.end()
-        memory.peak  # {"params": ..., "grads": ..., "optimizer": ..., "activations": ..., "total": ...}
+        memory.peak  # {"params": ..., "grads": ..., "optimizer": ...,
+                     #  "activations": ..., "total": ...}
 
     ``MemTracker`` (``FSDPMemTracker`` for an FSDP2 model) attributes every tensor this
     rank allocates to parameters, gradients, optimizer state, activations or

@@ -33,8 +33,8 @@ class GPTConfig:
 PRESETS: dict[str, GPTConfig] = {
     # seconds per run on 2 CPU cores: for tests and the notebooks
     "tiny": GPTConfig(block_size=64, n_layer=2, n_head=4, n_embd=64),
-    # the classic shakespeare-char model (nanoGPT's config, with biases): 10.77M
-    # parameters
+    # the classic shakespeare-char model (nanoGPT's config, with biases):
+    # 10.77M parameters
     "shakespeare": GPTConfig(block_size=256, n_layer=6, n_head=6, n_embd=384),
     # GPT-2 small's shape, for GPU benchmarks (2x the depth and width, 4x the context of
     # shakespeare's): 85.89M parameters with the 65-character vocabulary (124.44M, GPT-2
@@ -151,8 +151,8 @@ class GPT(nn.Module):
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx, targets: (B, T) token ids. Returns logits (B, T, vocab) and the mean
-        loss."""
+        """idx, targets: (B, T) token ids. Returns logits (B, T, vocab) and the
+        mean loss."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(
@@ -187,7 +187,8 @@ class GPT(nn.Module):
 
 
 def count_parameters(model: nn.Module) -> int:
-    """Distinct parameters: a tied matrix counts once (``parameters()`` deduplicates)."""
+    """Distinct parameters: a tied matrix counts once (``parameters()``
+    deduplicates)."""
     return sum(p.numel() for p in model.parameters())
 
 
@@ -197,8 +198,8 @@ def parameter_formula(
     """The parameter count of ``GPT(cfg)`` worked out by hand, layer by layer.
 
     ``bias=False`` drops every Linear and LayerNorm bias and ``include_wpe=False``
-    leaves out the position embedding, which is how other code reports this model's
-    size.
+    leaves out the position embedding, which is how other code reports this
+    model's size.
     """
     C, V, T, L = cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.n_layer
     b = 1 if bias else 0

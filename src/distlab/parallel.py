@@ -43,13 +43,13 @@ SAVE_MATMULS_AND_ATTENTION = _ops(
 
 def save_ops_policy(save_ops=SAVE_MATMULS_AND_ATTENTION) -> Callable:
     """A selective-checkpointing policy: keep the outputs of ``save_ops`` from the
-    forward pass, recompute everything else (LayerNorm, GELU, additions: cheap pointwise
-    work)."""
+    forward pass, recompute everything else (LayerNorm, GELU, additions: cheap
+    pointwise work)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     not_overloads = [op for op in save_ops if not isinstance(op, torch._ops.OpOverload)]
-    # an OpOverloadPacket never equals the op the policy is shown: it would match
-    # nothing
+    # an OpOverloadPacket never equals the op the policy is shown: it would
+    # match nothing
     if not_overloads:
         raise TypeError(
             "name ops with their overload, e.g. torch.ops.aten.mm.default, not "

@@ -23,8 +23,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # The switch that pins ``auto`` to the CPU: `make test` (tests/conftest.py) and `make
 # book` (Makefile) set it, and so do ``run_ranks``/``run_script`` for their ranks, so
-# that the book and the CPU suite give the same results on a machine with GPUs as on one
-# without.
+# that the book and the CPU suite give the same results on a machine with GPUs as on
+# one without.
 CPU_PIN = "DISTLAB_DEVICE"
 
 
@@ -120,8 +120,8 @@ _warned_gpu_unusable = False
 
 
 def _warn_if_gpu_unusable(local_rank: int) -> None:
-    """``auto`` is about to fall back to the CPU: say so loudly if a GPU is there and
-    unusable.
+    """``auto`` is about to fall back to the CPU: say so loudly if a GPU is there
+    and unusable.
 
     A CPU-only wheel or a driver too old for the wheel's CUDA otherwise turns a GPU run
     into a CPU run, many times slower, without a word. Once per process, and only on
@@ -162,8 +162,8 @@ def use_tf32(enabled: bool) -> None:
     (torch/_inductor/select_algorithm.py). ``torch.set_float32_matmul_precision`` keeps
     both in step but also sets oneDNN's CPU matmul precision
     (``torch.backends.mkldnn.matmul.fp32_precision``) to TF32. The two ``allow_tf32``
-    setters set both views, leave the CPU alone, and warn of nothing in torch 2.13 (all
-    measured).
+    setters set both views, leave the CPU alone, and warn of nothing in torch 2.13
+    (all measured).
     """
     torch.backends.cuda.matmul.allow_tf32 = enabled  # cuBLAS: matmuls, linear layers
     # cuDNN: convolutions (on by default in torch)
@@ -175,8 +175,8 @@ def tf32_enabled() -> bool:
     own setting).
 
     Reads the per-backend view, which is set whichever API set TF32 and, unlike
-    ``torch.backends.cuda.matmul.allow_tf32``, never raises when the two APIs were
-    mixed.
+    ``torch.backends.cuda.matmul.allow_tf32``, never raises when the two APIs
+    were mixed.
     """
     return torch.backends.cuda.matmul.fp32_precision == "tf32"
 
@@ -194,7 +194,8 @@ def autocast(device: torch.device, dtype: str):
 
 
 def dist_env() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) as torchrun sets them; (0, 0, 1) without torchrun."""
+    """(rank, local_rank, world_size) as torchrun sets them; (0, 0, 1)
+    without torchrun."""
     return (
         int(os.environ.get("RANK", 0)),
         int(os.environ.get("LOCAL_RANK", 0)),
@@ -213,8 +214,8 @@ def rank_world() -> tuple[int, int]:
 
 
 def init_distributed(device: torch.device, timeout_s: float = 120.0) -> None:
-    """Join the process group that torchrun (or our launcher) described in the
-    environment.
+    """Join the process group that torchrun (or our launcher) described in
+    the environment.
 
     The timeout turns a rank that never arrives, or that skips a collective, into an
     error after ``timeout_s`` seconds instead of a hang.
@@ -238,8 +239,8 @@ def init_distributed(device: torch.device, timeout_s: float = 120.0) -> None:
 
 
 def _store_of_this_attempt(world_size: int, timeout_s: float) -> dist.Store:
-    """torchrun's key-value store, seen through a prefix that names this restart
-    attempt.
+    """torchrun's key-value store, seen through a prefix that names this
+    restart attempt.
 
     torchrun (torch 2.13) keeps one store for the whole job, and after
     ``--max-restarts`` restarts a group, the keys the dead attempt wrote are still in

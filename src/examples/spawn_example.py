@@ -3,15 +3,16 @@ r"""Start the ranks yourself with torch.multiprocessing.spawn: the way before to
 Launch:
     # 2 CPU ranks over gloo
     python src/examples/spawn_example.py --nprocs 2 --steps 5 --device cpu
-    # on a machine with 8 GPUs: 8 processes, one per GPU, over NCCL (--device cuda: an error,
-    # not a silent CPU run, if this torch cannot use the GPUs)
+    # on a machine with 8 GPUs: 8 processes, one per GPU, over NCCL (--device cuda: an
+    # error, not a silent CPU run, if this torch cannot use the GPUs)
     python src/examples/spawn_example.py --nprocs 8 --device cuda
     # the same train() under torchrun, which starts the processes and sets RANK etc.
     torchrun --standalone --nproc-per-node=2 src/examples/spawn_example.py --device cpu
     # several machines: only torchrun (run on every node; HOST is node 0's address)
-    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
-        src/examples/spawn_example.py --device cuda
-    # --device auto (the default) takes a GPU per rank when torch can use one, else the CPU
+    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
+        --rdzv-endpoint=HOST:29500 src/examples/spawn_example.py --device cuda
+    # --device auto (the default) takes a GPU per rank when torch can use one, else
+    # the CPU
 
 mp.spawn starts ``nprocs`` fresh Python processes on this machine and calls
 ``train(rank, *args)`` in each. It does nothing else: the port, the process group, the
@@ -116,8 +117,8 @@ def train(
             flush=True,
         )
     finally:
-        # free DDP before its group: destroyed from DDP's side, gloo can hang (debugging
-        # chapter)
+        # free DDP before its group: destroyed from DDP's side, gloo can hang
+        # (debugging chapter)
         model = None
         cleanup()
 

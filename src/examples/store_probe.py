@@ -1,6 +1,7 @@
 """Is a restarted torchrun attempt given a clean key-value store? This counts the keys.
 
-    torchrun --standalone --nproc-per-node=2 --max-restarts=1 src/examples/store_probe.py
+    torchrun --standalone --nproc-per-node=2 --max-restarts=1 \\
+        src/examples/store_probe.py
 
 Attempt 0 joins a gloo group the default way (which writes each rank's address into the
 store torchrun gives the job), counts the store's keys, and then rank 1 dies. torchrun

@@ -5,7 +5,8 @@ Launch (the GPU when there is one, else the CPU; --device cpu|cuda forces one):
     python src/labs/lab1_single.py --preset shakespeare --steps 500 --dtype bf16
     # torchrun works too, with one process (later labs use more)
     torchrun --standalone --nproc-per-node=1 src/labs/lab1_single.py --preset tiny
-    # checkpoint every 50 steps; the same line after a stop goes on from the newest checkpoint
+    # checkpoint every 50 steps; the same line after a stop goes on from the
+    # newest checkpoint
     python src/labs/lab1_single.py --preset tiny --checkpoint-every 50 --resume auto
 
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the trained
@@ -42,16 +43,16 @@ from distlab.runtime import DTYPES, autocast, pick_device, use_tf32
 
 @dataclass
 class TrainConfig:
-    """Every field is a --flag (batch_size: --batch-size) and its comment is the --help
-    text.
+    """Every field is a --flag (batch_size: --batch-size) and its comment is the
+    --help text.
 
     Suggested for a GPU benchmark (not measured here): --device cuda --preset gpt2
     --dtype bf16 --compile --log-every 10, --batch-size 16 per GPU (the global batch: 16
     x the ranks; labs 3-6: --micro-batch-size 16 too).
     """
 
-    # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2 (85.89M,
-    # GPUs)
+    # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2
+    # (85.89M, GPUs)
     preset: str = "tiny"
     steps: int = 200  # optimizer steps
     # global batch: sequences per optimizer step, all ranks together
@@ -64,8 +65,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 100  # validation loss every N steps, and always at the end
     eval_batches: int = 8  # batches averaged into one validation loss
-    # log (and sync with the host) every N steps; between logs the loss stays on the
-    # device
+    # log (and sync with the host) every N steps; between logs the loss stays on
+    # the device
     log_every: int = 1
     dtype: str = "fp32"  # fp32, or bf16 autocast (weights and optimizer stay fp32)
     # let fp32 matmuls on CUDA use TF32 tensor cores (10-bit mantissa); no effect on CPU
@@ -76,8 +77,8 @@ class TrainConfig:
     seed: int = 1337  # model initialisation and the order of batches
     # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
     data: str = ""
-    # start from these weights: a plain model.pt (lab outputs, or a converted
-    # checkpoint)
+    # start from these weights: a plain model.pt (lab outputs, or a
+    # converted checkpoint)
     init_from: str = ""
     out: str = "runs/lab1"  # directory for metrics.jsonl, summary.json and model.pt
     # save model, optimizer, step and RNG to OUT/checkpoints every N steps (0: never)
@@ -118,8 +119,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    # decay the matrices; leave biases and LayerNorm gains alone (as GPT-2 and nanoGPT
-    # do)
+    # decay the matrices; leave biases and LayerNorm gains alone (as GPT-2 and
+    # nanoGPT do)
     params = list(model.parameters())
     groups = [
         {
@@ -166,8 +167,8 @@ def main() -> None:
     # before any wrapper, while the keys and shapes are the plain model's
     if cfg.init_from:
         load_plain_weights(model, cfg.init_from)
-    # after checkpointing, before DDP or sharding; in place: the names stay the plain
-    # model's
+    # after checkpointing, before DDP or sharding; in place: the names stay the
+    # plain model's
     if cfg.compile:
         apply_compile(model)
     optimizer = make_optimizer(model, cfg)
@@ -190,8 +191,8 @@ def main() -> None:
     state = {}
     # peak bytes by kind, if asked
     memory = StepMemory(model, optimizer, enabled=cfg.track_memory)
-    # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line
-    # there
+    # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a
+    # line there
     bar = tqdm(
         range(start_step, cfg.steps),
         disable=not (is_main and cfg.progress),

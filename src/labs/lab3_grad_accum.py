@@ -1,17 +1,21 @@
-r"""Lab 3: lab 2 + gradient accumulation. The global batch stays B whatever N and memory
-allow.
+r"""Lab 3: lab 2 + gradient accumulation. The global batch stays B whatever N and
+memory allow.
 
 Each rank runs B / (N * micro_batch_size) micro-batches per step and all-reduces only on
 the last one: the others run under DDP's no_sync(), which skips the gradient all-reduce.
 
 Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces one):
-    torchrun --standalone --nproc-per-node=2 src/labs/lab3_grad_accum.py --preset tiny --micro-batch-size 4
-    torchrun --standalone --nproc-per-node=8 src/labs/lab3_grad_accum.py --preset shakespeare \
-        --batch-size 512 --micro-batch-size 16 --dtype bf16
-    # two nodes: run this same line on each (c10d numbers the nodes), HOST reachable from both
+    torchrun --standalone --nproc-per-node=2 src/labs/lab3_grad_accum.py \
+        --preset tiny --micro-batch-size 4
+    torchrun --standalone --nproc-per-node=8 src/labs/lab3_grad_accum.py \
+        --preset shakespeare --batch-size 512 --micro-batch-size 16 --dtype bf16
+    # two nodes: run this same line on each (c10d numbers the nodes), HOST reachable
+    # from both
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
-        --rdzv-endpoint=HOST:29500 --rdzv-id=lab3 src/labs/lab3_grad_accum.py --preset shakespeare
-    # without torchrun it is one process that accumulates B / micro_batch_size micro-batches
+        --rdzv-endpoint=HOST:29500 --rdzv-id=lab3 src/labs/lab3_grad_accum.py \
+        --preset shakespeare
+    # without torchrun it is one process that accumulates B /
+    # micro_batch_size micro-batches
     python src/labs/lab3_grad_accum.py --preset tiny --micro-batch-size 4
 
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the trained
@@ -57,16 +61,16 @@ from distlab.runtime import (
 
 @dataclass
 class TrainConfig:
-    """Every field is a --flag (batch_size: --batch-size) and its comment is the --help
-    text.
+    """Every field is a --flag (batch_size: --batch-size) and its comment is the
+    --help text.
 
     Suggested for a GPU benchmark (not measured here): --device cuda --preset gpt2
     --dtype bf16 --compile --log-every 10, --batch-size 16 per GPU (the global batch: 16
     x the ranks; labs 3-6: --micro-batch-size 16 too).
     """
 
-    # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2 (85.89M,
-    # GPUs)
+    # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2
+    # (85.89M, GPUs)
     preset: str = "tiny"
     steps: int = 200  # optimizer steps
     # global batch: sequences per optimizer step, all ranks together
@@ -83,8 +87,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 100  # validation loss every N steps, and always at the end
     eval_batches: int = 8  # batches averaged into one validation loss
-    # log (and sync with the host) every N steps; between logs the loss stays on the
-    # device
+    # log (and sync with the host) every N steps; between logs the loss stays on
+    # the device
     log_every: int = 1
     dtype: str = "fp32"  # fp32, or bf16 autocast (weights and optimizer stay fp32)
     # let fp32 matmuls on CUDA use TF32 tensor cores (10-bit mantissa); no effect on CPU
@@ -95,8 +99,8 @@ class TrainConfig:
     seed: int = 1337  # model initialisation and the order of batches
     # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
     data: str = ""
-    # start from these weights: a plain model.pt (lab outputs, or a converted
-    # checkpoint)
+    # start from these weights: a plain model.pt (lab outputs, or a
+    # converted checkpoint)
     init_from: str = ""
     out: str = "runs/lab3"  # directory for metrics.jsonl, summary.json and model.pt
     # save model, optimizer, step and RNG to OUT/checkpoints every N steps (0: never)
@@ -146,8 +150,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    # decay the matrices; leave biases and LayerNorm gains alone (as GPT-2 and nanoGPT
-    # do)
+    # decay the matrices; leave biases and LayerNorm gains alone (as GPT-2 and
+    # nanoGPT do)
     params = list(model.parameters())
     groups = [
         {
@@ -203,8 +207,8 @@ def main() -> None:
     # before any wrapper, while the keys and shapes are the plain model's
     if cfg.init_from:
         load_plain_weights(model, cfg.init_from)
-    # after checkpointing, before DDP or sharding; in place: the names stay the plain
-    # model's
+    # after checkpointing, before DDP or sharding; in place: the names stay the
+    # plain model's
     if cfg.compile:
         apply_compile(model)
     # move first, then wrap; rank 0's weights are broadcast
@@ -229,8 +233,8 @@ def main() -> None:
     state = {}
     # peak bytes by kind, if asked
     memory = StepMemory(model, optimizer, enabled=cfg.track_memory)
-    # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line
-    # there
+    # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a
+    # line there
     bar = tqdm(
         range(start_step, cfg.steps),
         disable=not (is_main and cfg.progress),

@@ -1,18 +1,22 @@
-r"""Lab 4: lab 3 + FSDP2. Parameters, gradients and optimizer state are sharded over the
-ranks.
+r"""Lab 4: lab 3 + FSDP2. Parameters, gradients and optimizer state are sharded over
+the ranks.
 
 Each rank keeps 1/N of every parameter (a DTensor shard), all-gathers a block's just
 before use and frees it after; gradients are reduce-scattered: each rank steps AdamW on
 its shard only.
 
 Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces one):
-    torchrun --standalone --nproc-per-node=2 src/labs/lab4_fsdp2.py --preset tiny --checkpoint-every 50
-    torchrun --standalone --nproc-per-node=8 src/labs/lab4_fsdp2.py --preset shakespeare \
-        --batch-size 512 --micro-batch-size 16 --dtype bf16
-    # two nodes: run this same line on each (c10d numbers the nodes), HOST reachable from both
+    torchrun --standalone --nproc-per-node=2 src/labs/lab4_fsdp2.py \
+        --preset tiny --checkpoint-every 50
+    torchrun --standalone --nproc-per-node=8 src/labs/lab4_fsdp2.py \
+        --preset shakespeare --batch-size 512 --micro-batch-size 16 --dtype bf16
+    # two nodes: run this same line on each (c10d numbers the nodes), HOST reachable
+    # from both
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
-        --rdzv-endpoint=HOST:29500 --rdzv-id=lab4 src/labs/lab4_fsdp2.py --preset shakespeare
-    # without torchrun it is one process that accumulates B / micro_batch_size micro-batches
+        --rdzv-endpoint=HOST:29500 --rdzv-id=lab4 src/labs/lab4_fsdp2.py \
+        --preset shakespeare
+    # without torchrun it is one process that accumulates B /
+    # micro_batch_size micro-batches
     python src/labs/lab4_fsdp2.py --preset tiny --micro-batch-size 4
 
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the trained
@@ -56,16 +60,16 @@ from distlab.runtime import DTYPES, dist_env, init_distributed, pick_device, use
 
 @dataclass
 class TrainConfig:
-    """Every field is a --flag (batch_size: --batch-size) and its comment is the --help
-    text.
+    """Every field is a --flag (batch_size: --batch-size) and its comment is the
+    --help text.
 
     Suggested for a GPU benchmark (not measured here): --device cuda --preset gpt2
     --dtype bf16 --compile --log-every 10, --batch-size 16 per GPU (the global batch: 16
     x the ranks; labs 3-6: --micro-batch-size 16 too).
     """
 
-    # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2 (85.89M,
-    # GPUs)
+    # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2
+    # (85.89M, GPUs)
     preset: str = "tiny"
     steps: int = 200  # optimizer steps
     # global batch: sequences per optimizer step, all ranks together
@@ -82,11 +86,11 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 100  # validation loss every N steps, and always at the end
     eval_batches: int = 8  # batches averaged into one validation loss
-    # log (and sync with the host) every N steps; between logs the loss stays on the
-    # device
+    # log (and sync with the host) every N steps; between logs the loss stays on
+    # the device
     log_every: int = 1
-    # fp32, or bf16 compute (FSDP2 MixedPrecisionPolicy, no autocast; shards, AdamW stay
-    # fp32)
+    # fp32, or bf16 compute (FSDP2 MixedPrecisionPolicy, no autocast; shards, AdamW
+    # stay fp32)
     dtype: str = "fp32"
     # let fp32 matmuls on CUDA use TF32 tensor cores (10-bit mantissa); no effect on CPU
     tf32: bool = False
@@ -96,8 +100,8 @@ class TrainConfig:
     seed: int = 1337  # model initialisation and the order of batches
     # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
     data: str = ""
-    # start from these weights: a plain model.pt (lab outputs, or a converted
-    # checkpoint)
+    # start from these weights: a plain model.pt (lab outputs, or a
+    # converted checkpoint)
     init_from: str = ""
     out: str = "runs/lab4"  # directory for metrics.jsonl, summary.json and model.pt
     # save model, optimizer, step and RNG to OUT/checkpoints every N steps (0: never)
@@ -147,8 +151,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    # decay the matrices; leave biases and LayerNorm gains alone (as GPT-2 and nanoGPT
-    # do)
+    # decay the matrices; leave biases and LayerNorm gains alone (as GPT-2 and
+    # nanoGPT do)
     params = list(model.parameters())
     groups = [
         {
@@ -204,8 +208,8 @@ def main() -> None:
     # before any wrapper, while the keys and shapes are the plain model's
     if cfg.init_from:
         load_plain_weights(model, cfg.init_from)
-    # after checkpointing, before DDP or sharding; in place: the names stay the plain
-    # model's
+    # after checkpointing, before DDP or sharding; in place: the names stay the
+    # plain model's
     if cfg.compile:
         apply_compile(model)
     # apply_fsdp first checks that every rank built the same weights: fully_shard
@@ -235,8 +239,8 @@ def main() -> None:
     state = {}
     # peak bytes by kind, if asked
     memory = StepMemory(model, optimizer, enabled=cfg.track_memory)
-    # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line
-    # there
+    # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a
+    # line there
     bar = tqdm(
         range(start_step, cfg.steps),
         disable=not (is_main and cfg.progress),

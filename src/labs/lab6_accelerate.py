@@ -1,20 +1,23 @@
-r"""Lab 6: lab 5 on Hugging Face Accelerate. The same file runs as one process, DDP or
-FSDP2.
+r"""Lab 6: lab 5 on Hugging Face Accelerate. The same file runs as one process, DDP
+or FSDP2.
 
 Accelerate starts the process group, wraps the model in DDP (autocasting for bf16),
 skips gradient sync while micro-batches accumulate, and saves and loads the whole
 training state. With --fsdp the lab shards the model itself, checkpoint first, as lab 5
 (bf16 from FSDP2's policy, no autocast): on GPUs prepare keeps those units; on CPU
 ranks, where Accelerate would quietly give DDP, it gets only the optimizer. After
-prepare the lab checks that what trains is what was asked for (see the Accelerate
-chapter).
+prepare the lab checks that what trains is what was asked for (see the
+Accelerate chapter).
 
 Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces one):
     torchrun --standalone --nproc-per-node=2 src/labs/lab6_accelerate.py --preset tiny
-    accelerate launch --multi_gpu --num_processes 2 src/labs/lab6_accelerate.py --preset tiny
-    torchrun --standalone --nproc-per-node=8 src/labs/lab6_accelerate.py --preset shakespeare \
-        --batch-size 512 --micro-batch-size 64 --dtype bf16 --fsdp --ac selective
-    # without a launcher it is one process (accelerate launch --cpu also starts just one)
+    accelerate launch --multi_gpu --num_processes 2 src/labs/lab6_accelerate.py \
+        --preset tiny
+    torchrun --standalone --nproc-per-node=8 src/labs/lab6_accelerate.py \
+        --preset shakespeare --batch-size 512 --micro-batch-size 64 --dtype bf16 \
+        --fsdp --ac selective
+    # without a launcher it is one process (accelerate launch --cpu also starts
+    # just one)
     python src/labs/lab6_accelerate.py --preset tiny --micro-batch-size 4
 
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the trained
@@ -65,16 +68,16 @@ from distlab.runtime import DTYPES, dist_env, pick_device, use_tf32
 
 @dataclass
 class TrainConfig:
-    """Every field is a --flag (batch_size: --batch-size) and its comment is the --help
-    text.
+    """Every field is a --flag (batch_size: --batch-size) and its comment is the
+    --help text.
 
     Suggested for a GPU benchmark (not measured here): --device cuda --preset gpt2
     --dtype bf16 --compile --log-every 10, --batch-size 16 per GPU (the global batch: 16
     x the ranks; labs 3-6: --micro-batch-size 16 too).
     """
 
-    # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2 (85.89M,
-    # GPUs)
+    # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2
+    # (85.89M, GPUs)
     preset: str = "tiny"
     steps: int = 200  # optimizer steps
     # global batch: sequences per optimizer step, all ranks together
@@ -91,11 +94,11 @@ class TrainConfig:
     grad_clip: float = 1.0
     eval_every: int = 100  # validation loss every N steps, and always at the end
     eval_batches: int = 8  # batches averaged into one validation loss
-    # log (and sync with the host) every N steps; between logs the loss stays on the
-    # device
+    # log (and sync with the host) every N steps; between logs the loss stays on
+    # the device
     log_every: int = 1
-    # fp32, or bf16 compute (Accelerate's autocast; with --fsdp FSDP2's policy, fp32
-    # reduction)
+    # fp32, or bf16 compute (Accelerate's autocast; with --fsdp FSDP2's policy,
+    # fp32 reduction)
     dtype: str = "fp32"
     # let fp32 matmuls on CUDA use TF32 tensor cores (10-bit mantissa); no effect on CPU
     tf32: bool = False
@@ -105,8 +108,8 @@ class TrainConfig:
     seed: int = 1337  # model initialisation and the order of batches
     # a UTF-8 text file to train on; empty: the Tiny Shakespeare shipped with distlab
     data: str = ""
-    # start from these weights: a plain model.pt (lab outputs, or a converted
-    # checkpoint)
+    # start from these weights: a plain model.pt (lab outputs, or a
+    # converted checkpoint)
     init_from: str = ""
     out: str = "runs/lab6"  # directory for metrics.jsonl, summary.json and model.pt
     # shard with FSDP2 (fully_shard, then Accelerate's FSDP2 mode on GPUs)
@@ -118,8 +121,8 @@ class TrainConfig:
     # go on from a checkpoint: its step_NNNNNN folder, latest, or auto (latest if any,
     # else step 0)
     resume: str = ""
-    # activation checkpointing: none, full (keep block inputs) or selective (and matmul
-    # outputs)
+    # activation checkpointing: none, full (keep block inputs) or selective (and
+    # matmul outputs)
     ac: str = "full"
     ac_every: int = 1  # checkpoint every k-th block (1: all of them)
     sample_chars: int = 200  # characters to sample from the trained model (0: none)
@@ -167,8 +170,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    # decay the matrices; leave biases and LayerNorm gains alone (as GPT-2 and nanoGPT
-    # do)
+    # decay the matrices; leave biases and LayerNorm gains alone (as GPT-2 and
+    # nanoGPT do)
     params = list(model.parameters())
     groups = [
         {
@@ -237,15 +240,15 @@ def main() -> None:
     # before any wrapper, while the keys and shapes are the plain model's
     if cfg.init_from:
         load_plain_weights(model, cfg.init_from)
-    # checkpoint first, then shard: each FSDP unit is then a checkpointed block (see the
-    # chapter)
+    # checkpoint first, then shard: each FSDP unit is then a checkpointed block (see
+    # the chapter)
     model = apply_activation_checkpointing(model, cfg.ac, cfg.ac_every)
-    # after checkpointing, before DDP or sharding; in place: the names stay the plain
-    # model's
+    # after checkpointing, before DDP or sharding; in place: the names stay the
+    # plain model's
     if cfg.compile:
         apply_compile(model)
-    # by hand on GPUs too: Accelerate's plugin would shard the block inside the
-    # checkpoint
+    # by hand on GPUs too: Accelerate's plugin would shard the block inside
+    # the checkpoint
     if cfg.fsdp:
         model = apply_fsdp(
             model, param_dtype=None if cfg.dtype == "fp32" else DTYPES[cfg.dtype]
@@ -254,8 +257,8 @@ def main() -> None:
     if cfg.fsdp and not accelerator.is_fsdp2:
         # the model is not given to Accelerate
         optimizer = accelerator.prepare(make_optimizer(model, cfg))
-    # DDP on N ranks, nothing on one process; in FSDP2 mode (GPUs) prepare keeps our
-    # units
+    # DDP on N ranks, nothing on one process; in FSDP2 mode (GPUs) prepare keeps
+    # our units
     else:
         # together: Accelerate's FSDP2 mode refuses them apart (it maps the optimizer
         # onto the shards)
@@ -286,8 +289,8 @@ def main() -> None:
     state = {}
     # peak bytes by kind, if asked
     memory = StepMemory(model, optimizer, enabled=cfg.track_memory)
-    # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a line
-    # there
+    # into a pipe or a log (not a terminal), redraw rarely: every redraw becomes a
+    # line there
     bar = tqdm(
         range(start_step, cfg.steps),
         disable=not (is_main and cfg.progress),
@@ -307,8 +310,8 @@ def main() -> None:
         )
         loss = torch.zeros((), device=device)
         for xm, ym in zip(x.split(cfg.micro_batch_size), y.split(cfg.micro_batch_size)):
-            # counts micro-batches: gradient sync is skipped (no_sync) until the
-            # accum_steps-th
+            # counts micro-batches: gradient sync is skipped (no_sync) until
+            # the accum_steps-th
             with accelerator.accumulate(model):
                 _, micro_loss = model(xm, ym)
                 # divides by accum_steps: the mean, as one batch

@@ -1,5 +1,5 @@
-"""The built book as a reader sees it: every page of the table of contents in headless
-Chromium.
+"""The built book as a reader sees it: every page of the table of contents in
+headless Chromium.
 
 One crawl loads every page once, reads it at a desktop and at a phone-sized viewport,
 writes a screenshot of each to _build/screenshots/{desktop,phone}/ (or
@@ -7,8 +7,8 @@ $DISTLAB_SCREENSHOTS) for a person to look at, opens the first exercise answer, 
 records what the browser saw; the per-page tests assert on that record. The other tests
 drive a page: search, and the two widgets, which must work without a Python kernel.
 
-The build is the strict one of test_notebooks.py, shared through the `built_book`
-fixture."""
+The build is the strict one of test_notebooks.py, shared through the
+`built_book` fixture."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ _FACTS = r"""() => {
       header: d.innerText.split("\n").slice(0, 2),
     })),
   };
-}"""
+}"""  # noqa: E501 (a data string: HTML or JavaScript)
 
 
 def page_facts(page) -> dict:

@@ -1,4 +1,5 @@
-"""The whole tree passes ruff's lint and format check (configuration: pyproject.toml)."""
+"""The whole tree passes ruff's lint and format check (configuration:
+pyproject.toml)."""
 
 import subprocess
 import sys

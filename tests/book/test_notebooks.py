@@ -25,7 +25,8 @@ def test_every_notebook_in_the_tree_is_in_the_table_of_contents():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_page_is_a_myst_notebook(path):
-    """Without the jupytext front matter a page's code cells are silently not executed."""
+    """Without the jupytext front matter a page's code cells are silently
+    not executed."""
     text = path.read_text()
     assert text.startswith("---\njupytext:"), (
         f"{path.name} lacks the jupytext front matter"
@@ -35,16 +36,16 @@ def test_page_is_a_myst_notebook(path):
 
 def build_failure(proc) -> str:
     """What names the cause in a failed build's output: the failing cell and its
-    traceback (nbclient's report, which the build prints long before its own final
-    traceback)."""
+    traceback (nbclient's report, which the build prints long before its own
+    final traceback)."""
     text = proc.stdout + proc.stderr
     at = text.find("An error occurred while executing the following cell")
     return text[max(0, at - 300) : at + 8000] if at >= 0 else text[-8000:]
 
 
 def test_strict_build_passes_and_writes_every_page(built_book):
-    """`jupyter-book build book -W -n --keep-going`: warnings are errors, every page is
-    written."""
+    """`jupyter-book build book -W -n --keep-going`: warnings are errors, every page
+    is written."""
     proc, build = built_book
     assert proc.args[0] != "reused", (
         f"DISTLAB_REUSE_BUILD is set: this run read {build}, it did not build"

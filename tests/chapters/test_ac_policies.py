@@ -70,8 +70,8 @@ def test_the_counter_restarts_in_every_block(monkeypatch):
 
 def test_host_offload_rebuilds_views_after_addresses_are_reused():
     """Many forwards under one HostOffload: freed storages' addresses come back, and
-    each saved view (q, k, v of one qkv output) must come back with its own offset and
-    strides."""
+    each saved view (q, k, v of one qkv output) must come back with its own offset
+    and strides."""
     idx, targets = _batch()
     reference = _work(checkpointed("tiny", "none"), idx, targets)[2]
     model = checkpointed("tiny", "none")
@@ -105,14 +105,18 @@ def test_threshold_offload_checker(capsys):
     assert "gradients equal no hooks exactly" in passes(
         check_threshold_offload, _threshold_hooks, capsys=capsys
     )
-    everything = lambda model, min_bytes: (lambda h: (h.pack_hook, h.unpack_hook))(
-        HostOffload(keep=model.parameters())
-    )  # noqa: E731
+
+    def everything(model, min_bytes):
+        h = HostOffload(keep=model.parameters())
+        return h.pack_hook, h.unpack_hook
+
     with pytest.raises(AssertionError, match="was moved"):
         check_threshold_offload(everything)
-    pinned = lambda model, min_bytes: (lambda h: (h.pack_hook, h.unpack_hook))(
-        save_on_cpu(pin_memory=True)
-    )  # noqa: E731
+
+    def pinned(model, min_bytes):
+        h = save_on_cpu(pin_memory=True)
+        return h.pack_hook, h.unpack_hook
+
     with pytest.raises(AssertionError, match="a parameter was moved"):
         check_threshold_offload(pinned)
     with pytest.raises(AssertionError, match="was left in place"):

@@ -26,8 +26,8 @@ def test_fingerprint_tells_equal_weights_from_different_ones():
     assert demos.fingerprint(a) != demos.fingerprint(b)
 
 
-# ---------------------------------------------------------------- FSDP2 mode (items 19, 20)
-def test_lab_6_asks_accelerate_for_autocast_only_without_fsdp_and_its_plugin_ignores_fsdp_variables(
+# ------------------------------------------------------------ FSDP2 mode (items 19, 20)
+def test_lab_6_asks_accelerate_for_autocast_only_without_fsdp_and_its_plugin_ignores_fsdp_variables(  # noqa: E501
     monkeypatch,
 ):
     assert [
@@ -108,7 +108,7 @@ def test_lab_6s_sharded_model_saves_and_resumes_in_fsdp2_mode(tmp_path):
         ]
 
 
-# ---------------------------------------------------------------- Accelerate, exercise 3
+# --------------------------------------------------------------- Accelerate, exercise 3
 def never_sync(accelerator, model):
     return no_gradient_sync(model)
 

@@ -41,7 +41,7 @@ def test_the_converter_maps_sharding_strategy_to_a_bool_and_drops_fsdp1_only_key
     }
 
 
-def test_an_old_numeric_sharding_strategy_passes_the_converter_and_fails_or_succeeds_by_luck(
+def test_an_old_numeric_sharding_strategy_passes_the_converter_and_fails_or_succeeds_by_luck(  # noqa: E501
     tmp_path,
 ):
     # 1 FULL_SHARD, 2 SHARD_GRAD_OP

@@ -145,7 +145,7 @@ def _noting_moves(model, moved):
     return model
 
 
-# ---------------------------------------------------------------- Activation checkpointing, exercise 2
+# ------------------------------------------------- Activation checkpointing, exercise 2
 @pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
 def test_attention_only_policy_checker(capsys):
     policy = save_ops_policy(

@@ -27,7 +27,8 @@ from distlab.tools import runs
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """Labs 1-6 on the tiny model, 4 steps: lab 1 on 1 process, the others on 2 ranks."""
+    """Labs 1-6 on the tiny model, 4 steps: lab 1 on 1 process, the others on
+    2 ranks."""
     folder = tmp_path_factory.mktemp("bench")
     argv = [
         "--preset",
@@ -269,7 +270,8 @@ def test_runs_cli_lists_summarises_and_plots(smoke, tmp_path, capsys):
         runs.plot_runs([unfinished], metrics=("accuracy",))
 
 
-# --- the chapter's tables and figures (distlab.chapters.benchmarks), on the recorded CPU result ---
+# --- the chapter's tables and figures (distlab.chapters.benchmarks), on the recorded
+# CPU result ---
 
 
 @pytest.fixture(scope="module")
@@ -382,8 +384,8 @@ def test_loss_agreement_goal_table_and_a_missing_run():
 
 
 def test_no_recorded_mfu_exceeds_one():
-    """An MFU above 1 means the peak it was divided by was no peak: no result may record
-    one."""
+    """An MFU above 1 means the peak it was divided by was no peak: no result may
+    record one."""
 
     def mfus(node):
         if isinstance(node, dict):
@@ -407,7 +409,8 @@ def test_runs_cli_prints_what_the_runs_module_lists(smoke):
     assert len(listed) == 6 and any("lab4_fsdp2" in line for line in listed)
 
 
-# --- the GPU section: a GPU recording beside the CPU one, or the plain fact that there is none ---
+# --- the GPU section: a GPU recording beside the CPU one, or the plain fact that
+# there is none ---
 
 
 def test_without_a_gpu_recording_the_page_says_so_and_gives_a_valid_command(

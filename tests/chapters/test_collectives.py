@@ -21,8 +21,8 @@ from distlab.scratch.collectives import (
 
 
 def check_on_every_rank():
-    """Everything the tests ask of N real ranks, in one launch per N (a launch costs
-    seconds)."""
+    """Everything the tests ask of N real ranks, in one launch per N (a launch
+    costs seconds)."""
     rank, n = dist.get_rank(), dist.get_world_size()
     report = {"mismatches": [], "masks": [], "parity": None}
 
@@ -59,8 +59,8 @@ def check_on_every_rank():
             report["mismatches"].append(("2-D", tuple(x.shape), x.is_contiguous()))
 
     # 2. the state after every step, to compare with ring_schedule. Rank r contributes
-    # 2**r to every element, so each element's sum is a bit mask of the ranks it
-    # contains.
+    # 2**r to every element, so each element's sum is a bit mask of the ranks
+    # it contains.
     numel = 2 * n + 1  # uneven chunks on purpose
     for k in range(2 * (n - 1) + 1):
         x = torch.full((numel,), 2**rank, dtype=torch.int64)
@@ -119,7 +119,8 @@ def test_on_gloo_a_batch_of_sends_and_receives_is_posted_op_by_op(ranks):
 
 
 def test_the_ring_posts_its_receive_and_send_as_one_batch(monkeypatch):
-    """NCCL needs the batch (separate irecv and isend to one peer share a CUDA stream)."""
+    """NCCL needs the batch (separate irecv and isend to one peer share a
+    CUDA stream)."""
     from distlab.scratch import collectives
 
     calls = []
@@ -211,7 +212,7 @@ def test_summarise_timings_recovers_the_alpha_beta_model_it_fits():
     )
 
 
-# ---------------------------------------------------------------- Collectives, exercise 3
+# -------------------------------------------------------------- Collectives, exercise 3
 # forgets the all-gather: each rank has one block of the sum
 def reduce_scatter_only(t):
     shard = t.new_empty(t.numel() // dist.get_world_size())

@@ -70,8 +70,8 @@ def single():
     return train_steps("single", "tiny", steps=5, global_batch=16)
 
 
-# the page trains dp-scratch and dp-scratch-no-threads against the plain module on every
-# build
+# the page trains dp-scratch and dp-scratch-no-threads against the plain module on
+# every build
 @pytest.mark.parametrize("strategy", ["dp", "dp-scratch-1-intra-op"])
 def test_training_matches_the_plain_module(strategy, single):
     got = train_steps(strategy, "tiny", steps=5, global_batch=16)
@@ -89,8 +89,8 @@ def test_training_matches_the_plain_module(strategy, single):
 
 
 def test_the_first_steps_are_not_timed(single):
-    """tokens/s counts the steps after WARMUP_STEPS only; a run of no more steps has
-    none."""
+    """tokens/s counts the steps after WARMUP_STEPS only; a run of no more steps
+    has none."""
     T, timed = preset("tiny").block_size, single["step_s"][experiment.WARMUP_STEPS :]
     assert (
         experiment.WARMUP_STEPS == 2 and len(single["step_s"]) == 5 and len(timed) == 3
@@ -278,8 +278,8 @@ def test_edge_case_models_train_as_one_process_on_the_same_chunks(
 ):
     """Frozen, unused, data-dependent, tied, BatchNorm: 3 steps give one process's
     gradients (None where no chunk reached a parameter) and parameters. Buffers follow
-    torch's DataParallel: only replica 0's in-place updates reach the original, from its
-    chunk."""
+    torch's DataParallel: only replica 0's in-place updates reach the original, from
+    its chunk."""
     model, buffers_from_chunk_0 = build(name), build(name)
     dp = wrapper(model, [CPU] * replicas)
     per_step = []

@@ -100,7 +100,7 @@ def padded_sum(model, dataset):
 
 
 def test_the_checker_names_the_padding():
-    """The page runs the checker on its answer (it passes on every build); here, a wrong
-    one."""
+    """The page runs the checker on its answer (it passes on every build); here, a
+    wrong one."""
     with pytest.raises(AssertionError, match="padded shards"):
         check_exact_evaluation(padded_sum)

@@ -26,8 +26,8 @@ SMALL_BUCKETS_MB = 0.05  # several buckets even for the tiny model
 
 
 def all_losses():
-    # single inside a process group is still one process's run: the whole batch, no
-    # all-reduce
+    # single inside a process group is still one process's run: the whole batch,
+    # no all-reduce
     return {
         s: train_steps(s, steps=10)["losses"] for s in ("single", "ddp", *FROM_SCRATCH)
     }
@@ -81,8 +81,8 @@ def test_ranks_start_from_rank_0_weights():
     assert torch.equal(w0, w1)
 
 
-# ---- what torch's DDP really does under torch.compile: the page runs torch.compile(DDP(model)) on
-# every build; here the other order and the tiny model
+# ---- what torch's DDP really does under torch.compile: the page runs
+# torch.compile(DDP(model)) on every build; here the other order and the tiny model
 
 
 def compile_runs():
@@ -94,7 +94,7 @@ def compile_runs():
     }
 
 
-def test_ddp_optimizer_splits_the_compiled_graph_where_ddp_bucket_sizes_fall_in_either_order():
+def test_ddp_optimizer_splits_the_compiled_graph_where_ddp_bucket_sizes_fall_in_either_order():  # noqa: E501
     runs = run_ranks(compile_runs, nprocs=2, quiet=True, timeout=600)[0]
     assert runs["tiny"]["graphs"] == 1  # 0.41 MiB: all in the first 1 MiB
     wide = runs["wide, compiled first"]  # DDP(torch.compile(model)) is split too

@@ -1,7 +1,7 @@
 """The comm hooks' PowerSGD formula on fixed shapes, and the exercise checker catching a
 wrong hook. The page checks its own launches on every build (the timeline's order of
-events on both wrappers, the bytes of every hook against the formula, the losses against
-fp32)."""
+events on both wrappers, the bytes of every hook against the formula, the losses
+against fp32)."""
 
 import pytest
 import torch
@@ -40,7 +40,7 @@ def fp16_without_the_division(process_group, bucket):
 
 
 def test_the_checker_catches_a_hook_that_sums_instead_of_averaging():
-    """The page runs the checker on its answer (it passes on every build); here, a wrong
-    one."""
+    """The page runs the checker on its answer (it passes on every build); here, a
+    wrong one."""
     with pytest.raises(AssertionError, match="did you divide by the world size"):
         check_fp16_hook(fp16_without_the_division)

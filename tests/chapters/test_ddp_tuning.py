@@ -40,8 +40,8 @@ def scaled_lr(base_lr, base_batch, global_batch, rule, step, warmup_steps):
 
 
 def test_the_checker_names_a_late_warm_up_and_a_missing_refusal():
-    """The page runs the checker on its answer, this scaled_lr (it passes on every
-    build)."""
+    """The page runs the checker on its answer, this scaled_lr (it passes on
+    every build)."""
 
     def one_step_behind(base_lr, base_batch, global_batch, rule, step, warmup_steps):
         peak = scaled_lr(base_lr, base_batch, global_batch, rule, step, 0)

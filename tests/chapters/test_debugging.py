@@ -58,8 +58,8 @@ def test_torch_ddp_keeps_the_replicas_equal_on_the_same_model():
 @pytest.mark.parametrize("lab", ["lab2_ddp", "lab3_grad_accum", "lab6_accelerate"])
 def test_labs_free_their_ddp_model_before_they_destroy_the_group(lab, tmp_path):
     # tests/support/freed_before_destroy.py fails destroy_process_group while any DDP
-    # model is alive; --track-memory too, since the tracker's helper holds the model as
-    # well
+    # model is alive; --track-memory too, since the tracker's helper holds the model
+    # as well
     args = [
         "--preset",
         "tiny",

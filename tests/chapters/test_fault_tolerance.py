@@ -49,7 +49,8 @@ def losses(out) -> list[float]:
 
 @pytest.mark.parametrize("name", LABS)
 def test_resuming_reproduces_the_run_bit_for_bit(name, tmp_path):
-    """6 steps straight (saving after 3 and 6) vs a new process that resumes at step 3."""
+    """6 steps straight (saving after 3 and 6) vs a new process that resumes at
+    step 3."""
     args = [*FAST, *LABS[name], "--steps", "6", "--checkpoint-every", "3"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run_script(lab(name), [*args, "--out", straight], nprocs=2, timeout=120, quiet=True)
@@ -168,7 +169,7 @@ def test_a_save_killed_before_its_metadata_leaves_the_previous_checkpoint(tmp_pa
     ]
 
 
-# ---------------------------------------------------------------- Resume and fault tolerance, exercise 4
+# ----------------------------------------------- Resume and fault tolerance, exercise 4
 def _stall_in_write_data(save_number, marker, items_written):
     from torch.distributed.checkpoint import FileSystemWriter
 
@@ -200,15 +201,15 @@ def stall_in_finish(save_number, marker):
         while True:
             time.sleep(1)
 
-    # finish writes .metadata on the coordinator, rank 0: in rank 1 this patch never
-    # runs
+    # finish writes .metadata on the coordinator, rank 0: in rank 1 this patch
+    # never runs
     FileSystemWriter.finish = patched
 
 
 @pytest.mark.timeout(180)  # a checker that hangs fails here, not in CI's overall limit
 def test_kill_during_shard_writes_checker_catches_wrong_answers():
-    # the right answer passes on every build of book/fault_tolerance.md (its exercise 4
-    # cell)
+    # the right answer passes on every build of book/fault_tolerance.md (its exercise
+    # 4 cell)
     with pytest.raises(
         AssertionError,
         match="rank 1's __1_0.distcp is empty: the kill landed before its writes",

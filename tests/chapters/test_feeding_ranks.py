@@ -27,8 +27,8 @@ SIZES = [(n, N) for n in range(1, 23) for N in range(1, 8)]
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_the_rule_written_out_matches_the_sampler(shuffle, drop_last):
-    """Pad from the start of the order (or cut its tail), then deal rank r positions
-    r::N."""
+    """Pad from the start of the order (or cut its tail), then deal rank r
+    positions r::N."""
     for n, N in SIZES:
         for epoch in (0, 3):
             got = sampler_epochs(
@@ -121,8 +121,8 @@ def test_spawn_needs_a_function_it_can_pickle_by_name():
 def test_sharded_iterable_reads_each_item_once_with_ranks_set_by_hand(
     n, world, workers
 ):
-    """Ranks simulated in one process (rank and world_size passed), real DataLoader
-    workers."""
+    """Ranks simulated in one process (rank and world_size passed), real
+    DataLoader workers."""
     reads = []
     for rank in range(world):
         loader = DataLoader(
@@ -158,8 +158,8 @@ def seed_dataset_rng(worker_id):
 
 
 def test_a_worker_init_fn_gives_each_worker_its_own_dataset_rng():
-    """The answer to the page's last exercise: without it both workers draw the same
-    numbers."""
+    """The answer to the page's last exercise: without it both workers draw the
+    same numbers."""
     for init_fn, copied in ((None, True), (seed_dataset_rng, False)):
         torch.manual_seed(0)
         items = list(

@@ -16,8 +16,8 @@ STEPS = 2
 
 
 def _refused_by_apply_fsdp(seed: int) -> str | None:
-    """apply_fsdp on a GPT built from ``seed``: the UserError's message, or None if it
-    sharded."""
+    """apply_fsdp on a GPT built from ``seed``: the UserError's message, or None if
+    it sharded."""
     try:
         apply_fsdp(experiment.gpt("tiny", seed))
     except UserError as error:

@@ -43,8 +43,8 @@ def unit_numels() -> dict[str, int]:
 
 
 def shard_checks(global_batch: int, group=None) -> dict:
-    """One step on this rank of ``group``: gradients against one process, bytes held,
-    layout.
+    """One step on this rank of ``group``: gradients against one process, bytes
+    held, layout.
 
     The reference is the whole global batch in one unsharded model, run on this rank
     (the tiny model costs milliseconds); ``summed`` is what a reduction that forgot to
@@ -99,8 +99,8 @@ def shard_checks(global_batch: int, group=None) -> dict:
 
 def gpt_bf16_vs_fully_shard() -> float:
     """compute_dtype=bf16 against FSDP2's MixedPrecisionPolicy(bf16, reduce fp32): one
-    step's largest relative gradient difference (the same bf16 kernels on the same bf16
-    weights)."""
+    step's largest relative gradient difference (the same bf16 kernels on the same
+    bf16 weights)."""
     from distlab.chapters.fsdp_scratch import reassembled_gradients
 
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -149,8 +149,8 @@ def check_shards(checks: dict, nprocs: int, single_bytes: dict) -> None:
             name,
             g,
         )
-    # each rank holds exactly 1/N of every padded unit: params, grads and both AdamW
-    # moments
+    # each rank holds exactly 1/N of every padded unit: params, grads and both
+    # AdamW moments
     shard_bytes = 4 * sum(padded.values()) // nprocs
     state = checks["state_bytes"]
     assert state["params"] == state["grads"] == shard_bytes
@@ -204,8 +204,8 @@ def test_losses_equal_fully_shard_and_one_process(four_ranks, single_process):
             single_process["losses"], rel=1e-5
         ), strategy
     # losses alone would not catch summed gradients: AdamW hardly notices a gradient N
-    # times too large (the chapter shows it), so test_shards_* compares the gradients
-    # themselves
+    # times too large (the chapter shows it), so test_shards_* compares the
+    # gradients themselves
 
 
 def test_shards_gradients_and_freed_parameters(four_ranks, single_process):
@@ -229,7 +229,7 @@ def test_bf16_compute_gives_the_gradients_of_fully_shards_bf16_policy_on_the_gpt
     assert all(result["gpt_bf16"] < 1e-3 for result in four_ranks)
 
 
-# ---------------------------------------------------------------- FSDP from scratch, exercises 3 and 4
+# ------------------------------------------------- FSDP from scratch, exercises 3 and 4
 class SummingUnit(FlatShardUnit):
     def _post_backward(self, full):
         shard_grad = torch.empty_like(self.shard)

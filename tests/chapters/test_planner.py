@@ -57,8 +57,8 @@ def test_shapes_of_the_books_model_count_what_its_formulas_count(name):
 
 
 def test_llama3_and_gpt2_parameter_counts_are_the_published_ones():
-    # Meta's Llama 3 counts (as the released checkpoints hold them) and GPT-2's (Hugging
-    # Face's)
+    # Meta's Llama 3 counts (as the released checkpoints hold them) and GPT-2's
+    # (Hugging Face's)
     expected = {
         "llama3-8b": 8_030_261_248,
         "llama3-70b": 70_553_706_496,
@@ -81,8 +81,8 @@ def test_activation_peak_is_the_memory_calculators_to_the_byte(name, ac, dtype, 
 
 
 def test_memory_terms_reproduce_the_zero_papers_table_1():
-    """Model state per parameter times the paper's parameter counts gives every printed
-    cell."""
+    """Model state per parameter times the paper's parameter counts gives every
+    printed cell."""
     shape = SHAPES["llama3-8b"]
     for psi, stages in PAPER_TABLE_1.items():
         for stage, printed in stages.items():

@@ -35,7 +35,7 @@ def test_memory_figure_stacks_the_four_parts_end_to_end():
     plt.close(fig)
 
 
-def test_recorded_lab1_reads_lab_1s_run_skips_a_missing_recording_and_refuses_an_unknown_dtype(
+def test_recorded_lab1_reads_lab_1s_run_skips_a_missing_recording_and_refuses_an_unknown_dtype(  # noqa: E501
     tmp_path, monkeypatch
 ):
     runs = [

@@ -210,8 +210,8 @@ def python_estimate(i):
 
 def test_the_pages_own_script_under_node_gives_the_python_numbers():
     """The page's perRankBytes, run by Node.js on the exported table, equals estimate()
-    exactly on every input of the grid: both precisions, checkpointing on and off, every
-    strategy."""
+    exactly on every input of the grid: both precisions, checkpointing on and off,
+    every strategy."""
     html = calculator_html()
     script = html.split("// --- begin formula ---")[1].split("// --- end formula ---")[
         0
@@ -247,7 +247,7 @@ const root = {querySelector: (sel) => (sel === "form" ? {elements, addEventListe
 global.document = {getElementById: (id) => (id.endsWith("-data") ? {textContent: %s} : root)};
 %s
 console.log(out.textContent || out.innerHTML);
-"""
+"""  # noqa: E501 (a data string: HTML or JavaScript)
 
 
 @pytest.mark.parametrize(
@@ -307,7 +307,7 @@ def test_the_page_fetches_nothing_and_the_widget_builds():
     assert "31.4 GB" in text and "n/a" in text
 
 
-def test_allocated_bytes_of_a_plain_model_are_its_tensor_bytes_and_a_tied_matrix_counts_once():
+def test_allocated_bytes_of_a_plain_model_are_its_tensor_bytes_and_a_tied_matrix_counts_once():  # noqa: E501
     model = GPT(preset("tiny"), seed=0)
     optimizer = torch.optim.AdamW(model.parameters())
     model(*torch.randint(0, 65, (2, 2, 8)))[1].backward()
@@ -341,8 +341,8 @@ def test_bf16_activations_are_counted_in_bf16_bytes():
 
 
 def test_without_resharding_the_calculator_gathers_every_parameter_whole():
-    """The calculator's gathered part on gpt2 (the page measures it on the tiny GPT, 2
-    ranks)."""
+    """The calculator's gathered part on gpt2 (the page measures it on the tiny GPT,
+    2 ranks)."""
     # without resharding the parameters are whole at the peak, not 1/N
     n = model_params("gpt2")
     no_reshard, zero3 = (

@@ -1,8 +1,9 @@
 """torchao's float8 training under FSDP2 on one GPU (``python -m distlab.bench.float8``,
-short): the all-gathered bytes of the converted weights halve, and the losses stay near
-bf16's.
+short): the all-gathered bytes of the converted weights halve, and the losses stay
+near bf16's.
 
-    pytest -m gpu tests/gpu/test_gpu_float8.py    # an sm_89+ GPU (Ada, Hopper) with torchao installed
+    # an sm_89+ GPU (Ada, Hopper) with torchao installed
+    pytest -m gpu tests/gpu/test_gpu_float8.py
 """
 
 import importlib.util

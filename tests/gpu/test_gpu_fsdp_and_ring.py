@@ -2,7 +2,7 @@
 Accelerate chapter can only switch it on by hand), and the ring all-reduce from scratch
 on NCCL.
 
-    pytest -m gpu          # every test of tests/gpu/; without CUDA each is skipped, saying why
+    pytest -m gpu  # every test of tests/gpu/; without CUDA each is skipped, saying why
 
 Both need 2 or more GPUs (FSDP2 and a ring shard over ranks, one GPU each).
 """

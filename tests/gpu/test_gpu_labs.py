@@ -2,7 +2,8 @@
 fp32 and bf16; their weights load anywhere; a GPU checkpoint resumes on the CPU and on
 another world size.
 
-    pytest -m gpu          # every test of tests/gpu/; without CUDA each is skipped, saying why
+    # every test of tests/gpu/; without CUDA each is skipped, saying why
+    pytest -m gpu
 
 A plain ``pytest`` (``make test``) leaves these out (``-m 'not gpu'`` in
 pyproject.toml). The tolerances, and why a GPU needs wider ones than the CPU tests, are
@@ -36,8 +37,8 @@ DISTRIBUTED = (
 
 
 def case(lab: str, gpus: str, dtype: str):
-    """One lab run: on "1" GPU or on "all" of them (skipped with fewer than 2), in
-    ``dtype``."""
+    """One lab run: on "1" GPU or on "all" of them (skipped with fewer than 2),
+    in ``dtype``."""
     where = "1gpu" if gpus == "1" else "all-gpus"
     return pytest.param(
         lab,

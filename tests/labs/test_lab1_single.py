@@ -1,5 +1,5 @@
-"""Lab 1 as a user runs it: files written, losses on baseline, bad input refused in one
-line."""
+"""Lab 1 as a user runs it: files written, losses on baseline, bad input refused in
+one line."""
 
 import hashlib
 import json
@@ -63,8 +63,8 @@ def test_writes_metrics_and_summary(tiny_run):
     assert summary["final_val_loss"] == metrics[-1]["val_loss"]
     assert summary["parameters"] == 108_352
     state = summary["state_bytes_per_rank"]
-    # fp32 AdamW: 4 bytes weight + 4 gradient + 8 moments per parameter, + 4 per step
-    # counter
+    # fp32 AdamW: 4 bytes weight + 4 gradient + 8 moments per parameter, + 4 per
+    # step counter
     assert state["params"] == state["grads"] == 4 * 108_352
     n_tensors = len(list(GPT(preset("tiny")).parameters()))  # 2 blocks x 12 + 4
     assert state["optimizer"] == 8 * 108_352 + 4 * n_tensors
@@ -317,8 +317,8 @@ def test_the_model_file_is_frozen():
     lab 6. A deliberate change to the model updates the stored hash in the same commit.
     """
     # last changed for issue 20: the "gpt2" preset (GPT-2 small's shape, for GPU
-    # benchmarks) was added to PRESETS; GPTConfig, GPT and the existing presets are
-    # unchanged
+    # benchmarks) was added to PRESETS; GPTConfig, GPT and the existing presets
+    # are unchanged
     digest = hashlib.sha256(
         (REPO_ROOT / "src" / "distlab" / "model.py").read_bytes()
     ).hexdigest()

@@ -140,7 +140,8 @@ def test_fsdp_on_one_process_is_refused_with_one_line(tmp_path):
 
 @pytest.mark.parametrize("option", [{"checkpoint_every": 5}, {"resume": "latest"}])
 def test_fsdp_checkpoints_on_cpu_are_refused(option):
-    """Accelerate's save_state would save no model and rank 0's half of the optimizer."""
+    """Accelerate's save_state would save no model and rank 0's half of
+    the optimizer."""
     cfg = SimpleNamespace(
         **{"fsdp": True, "checkpoint_every": 0, "resume": "", **option}
     )

@@ -118,7 +118,7 @@ _READ_PAGE = r"""(width) => {
     textPx: paragraph ? parseFloat(getComputedStyle(paragraph).fontSize) : 0,
     wide: document.documentElement.scrollWidth > width + 1 ? wide.slice(0, 5).map(describe) : [],
   };
-}"""
+}"""  # noqa: E501 (a data string: HTML or JavaScript)
 
 
 # Wait for the CSS transitions and finite animations running now to finish.

@@ -3,15 +3,15 @@
 
     EDGE_MODELS        name -> class: frozen, unused, data-dependent, tied, batchnorm
     shard(r, n, step)  the rows of rank (or replica) r of n at a step
-    reference(name, n) one process, no wrapper: per step, the gradients of the mean over the
-                       n shards of each shard's mean loss, then an SGD step
+    reference(name, n) one process, no wrapper: per step, the gradients of the mean
+                       over the n shards of each shard's mean loss, then an SGD step
     train_wrapped(...) the same steps under a wrapper, on one rank of a process group
 
 The reference runs each shard through the model separately, because that is what data
 parallelism computes: for models whose rows are independent it equals one forward of the
 whole batch, and for the others (BatchNorm normalises with its batch's statistics; a
-branch taken by the batch as a whole) the per-shard version is the meaning DDP gives
-them.
+branch taken by the batch as a whole) the per-shard version is the meaning DDP
+gives them.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ WIDTH, ROWS, LR = 4, 6, 0.1
 
 
 class Frozen(nn.Module):
-    """The first layer's weight is frozen (``requires_grad=False``); its bias still
-    trains."""
+    """The first layer's weight is frozen (``requires_grad=False``); its bias
+    still trains."""
 
     def __init__(self):
         super().__init__()
@@ -50,8 +50,8 @@ class UnusedBranch(nn.Module):
 
 
 class DataDependentBranch(nn.Module):
-    """``extra`` runs only for a batch with a positive mean: on some ranks and not on
-    others."""
+    """``extra`` runs only for a batch with a positive mean: on some ranks and not
+    on others."""
 
     def __init__(self):
         super().__init__()
@@ -75,8 +75,8 @@ class Tied(nn.Module):
 
 
 class WithBatchNorm(nn.Module):
-    """BatchNorm: buffers (running statistics) that every training forward updates in
-    place."""
+    """BatchNorm: buffers (running statistics) that every training forward updates
+    in place."""
 
     def __init__(self):
         super().__init__()
@@ -141,8 +141,8 @@ def state(model: nn.Module) -> dict:
 
 
 def reference(name: str, world_size: int, steps: int = 3) -> dict:
-    """One process, no wrapper: each step's gradients (None where no shard reached a
-    parameter)."""
+    """One process, no wrapper: each step's gradients (None where no shard reached
+    a parameter)."""
     model = build(name)
     per_step = []
     for step in range(steps):

@@ -2,8 +2,8 @@
 
 
 def passes(check, *args, capsys) -> str:
-    """Run ``check(*args)``, which must print exactly one ``passed: ...`` line; return
-    it."""
+    """Run ``check(*args)``, which must print exactly one ``passed: ...`` line;
+    return it."""
     check(*args)
     line = capsys.readouterr().out.strip()
     assert line.startswith("passed: ") and "\n" not in line, line

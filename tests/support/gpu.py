@@ -2,22 +2,22 @@
 marks that skip them without CUDA, the tolerances they hold the labs to, and a lab run
 on the GPUs.
 
-Tolerances against lab 1, relative, per step's loss (the CPU tests hold every lab to
-1e-5):
+Tolerances against lab 1, relative, per step's loss (the CPU tests hold every lab
+to 1e-5):
 
 - fp32, ``FP32_RTOL`` 1e-4. TF32 stays off (the labs' default; no ``--tf32``), so every
-  matmul is
-  a true fp32 one, but a GPU run is not bit-for-bit lab 1: NCCL sums the ranks' gradients in an
-  order of its own, cuBLAS picks other kernels (some split the sum over K) for other per-rank
-  shapes, and some CUDA kernels add in an order that can change from run to run (the docstring
-  of ``torch.use_deterministic_algorithms``, torch/__init__.py, lists them: ``NLLLoss``, under the
-  model's cross-entropy, is one). Each is a rounding difference, and 10x the CPU tests' bound
-  leaves room for them to add up over the steps.
+  matmul is a true fp32 one, but a GPU run is not bit-for-bit lab 1: NCCL sums the
+  ranks' gradients in an order of its own, cuBLAS picks other kernels (some split the
+  sum over K) for other per-rank shapes, and some CUDA kernels add in an order that can
+  change from run to run (the docstring of ``torch.use_deterministic_algorithms``,
+  torch/__init__.py, lists them: ``NLLLoss``, under the model's cross-entropy, is one).
+  Each is a rounding difference, and 10x the CPU tests' bound leaves room for them to
+  add up over the steps.
 - bf16, ``BF16_RTOL`` 5e-3, against lab 1 in bf16. bf16 keeps 8 significant bits
-  (rounding moves
-  a value by up to 2^-8, 0.4%, relative), and the labs round different tensors: labs 1-3 and 6
-  autocast, labs 4-5 (and 6 with ``--fsdp``) cast the parameters through FSDP2's policy. On CPU
-  ranks, lab 4 in bf16 stayed within 1e-3 of fp32 over 6 steps (tests/labs/test_lab4_fsdp2.py).
+  (rounding moves a value by up to 2^-8, 0.4%, relative), and the labs round different
+  tensors: labs 1-3 and 6 autocast, labs 4-5 (and 6 with ``--fsdp``) cast the parameters
+  through FSDP2's policy. On CPU ranks, lab 4 in bf16 stayed within 1e-3 of fp32 over 6
+  steps (tests/labs/test_lab4_fsdp2.py).
 
 Both were first choices, made without a GPU at hand. They held on one H100 (torch
 2.11.0+cu130, 2026-11-24): labs 1-6 on one GPU, fp32 and bf16, and lab 1 compiled. The
@@ -37,13 +37,13 @@ from support.labs import BASELINE
 
 FP32_RTOL, BF16_RTOL = 1e-4, 5e-3
 RTOL = {"fp32": FP32_RTOL, "bf16": BF16_RTOL}
-# inside lab 1's 20 warm-up steps: the LR schedule, so the losses, do not depend on
-# --steps
+# inside lab 1's 20 warm-up steps: the LR schedule, so the losses, do not depend
+# on --steps
 STEPS = 10
 GLOBAL_BATCH = 16  # the baseline's
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-# "every GPU of the machine": all of them, or the most that split the global batch
-# evenly
+# "every GPU of the machine": all of them, or the most that split the global
+# batch evenly
 ALL_GPUS = max((n for n in range(1, GPUS + 1) if GLOBAL_BATCH % n == 0), default=0)
 
 NO_CUDA = (

@@ -21,8 +21,8 @@ BASELINE = json.loads((BASELINES / "lab1_tiny_fp32.json").read_text())
 def run_lab(
     script: str, *args, env: dict | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
-    """Run ``src/labs/<script>`` as a user would, in a subprocess; never raises on
-    failure."""
+    """Run ``src/labs/<script>`` as a user would, in a subprocess; never raises
+    on failure."""
     return subprocess.run(
         [sys.executable, str(LABS_DIR / script), *map(str, args)],
         capture_output=True,
@@ -35,7 +35,8 @@ def run_lab(
 def torchrun(
     script: str, nprocs: int, *args, timeout: float = 300
 ) -> subprocess.CompletedProcess:
-    """`torchrun --standalone` as the README shows it (port 0: the OS picks a free one)."""
+    """`torchrun --standalone` as the README shows it (port 0: the OS picks a
+    free one)."""
     return subprocess.run(
         [
             sys.executable,

@@ -44,8 +44,8 @@ ORDERINGS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
 def _timing_names(node: ast.AST) -> list[str]:
     """The names in an expression that say it is a duration: a variable, an attribute or
-    a string key, read at its outermost level (``run["time"]["compute"]`` is a compute
-    figure)."""
+    a string key, read at its outermost level (``run["time"]["compute"]`` is a
+    compute figure)."""
     if isinstance(node, ast.Call):
         func = node.func
         called = (

@@ -178,7 +178,7 @@ def test_any_utf8_file_loads_as_it_is_with_no_checksum(tmp_path):
     assert TokenData(corpus).vocab_size == len(set(text))
 
 
-def test_a_file_of_min_chars_cuts_a_window_of_the_smallest_preset_and_names_what_a_longer_one_needs(
+def test_a_file_of_min_chars_cuts_a_window_of_the_smallest_preset_and_names_what_a_longer_one_needs(  # noqa: E501
     tmp_path,
 ):
     smallest = min(cfg.block_size for cfg in PRESETS.values())

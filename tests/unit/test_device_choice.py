@@ -15,8 +15,8 @@ from distlab.runtime import pick_device, tf32_enabled, use_tf32
 
 @pytest.fixture
 def cuda_reported(monkeypatch):
-    """torch says it has 8 GPUs; set_device records its argument instead of touching
-    one."""
+    """torch says it has 8 GPUs; set_device records its argument instead of
+    touching one."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     chosen = []

@@ -1,6 +1,6 @@
 """Peak memory on the device a model lives on: the CUDA allocator's peaks, and the
-memory tracker's breakdown read for the model's device, never for whichever device came
-first."""
+memory tracker's breakdown read for the model's device, never for whichever device
+came first."""
 
 import contextlib
 
@@ -14,8 +14,8 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda", 1)
 
 
 class FakeTracker(contextlib.nullcontext):
-    """What StepMemory and tracker_snapshot use of a memory tracker, with a chosen
-    snapshot."""
+    """What StepMemory and tracker_snapshot use of a memory tracker, with a
+    chosen snapshot."""
 
     memory_tracking: dict = {}
 

@@ -17,7 +17,7 @@ from distlab.infra.paths import LABS_DIR, REPO_ROOT
 from support.timing_asserts import timing_assertions, timing_assertions_in
 
 SRC = REPO_ROOT / "src" / "distlab"
-MAX_LINES = 300
+MAX_LINES = 400
 LANDING_PAGE = "intro"  # the front page: no experiments of its own
 
 
@@ -37,8 +37,8 @@ def tracked(*patterns: str) -> list:
 
 
 def python_files() -> list:
-    """Every .py file under src/ and tests/, tracked or new (a file not yet added counts
-    too)."""
+    """Every .py file under src/ and tests/, tracked or new (a file not yet added
+    counts too)."""
     return sorted(
         p
         for top in ("src", "tests")
@@ -51,7 +51,7 @@ def chapter_pages() -> set[str]:
     return {p.stem for p in (REPO_ROOT / "book").glob("*.md")} - {LANDING_PAGE}
 
 
-def test_no_python_file_is_over_300_lines():
+def test_no_python_file_is_over_400_lines():
     long = {
         str(p.relative_to(REPO_ROOT)): n
         for p in python_files()
@@ -128,7 +128,8 @@ ALLOWED = {
 
 
 def role(dotted: str) -> str:
-    """distlab.<x>... -> the role of that module ("library" for the root's own modules)."""
+    """distlab.<x>... -> the role of that module ("library" for the root's
+    own modules)."""
     parts = dotted.split(".")
     return parts[1] if len(parts) > 2 and parts[1] in ALLOWED else "library"
 
@@ -178,8 +179,8 @@ INCLUDE = re.compile(r"```\{literalinclude\} (\S+)\n((?::[\w-]+:.*\n)*)")
     ids=lambda p: p.name,
 )
 def test_included_code_is_cut_by_markers_that_exist_once(page):
-    """The book includes code from src/ by named markers, never by line numbers that
-    rot."""
+    """The book includes code from src/ by named markers, never by line numbers
+    that rot."""
     for target, options in INCLUDE.findall(page.read_text()):
         # Sphinx reads the lab pages through the symlink book/labs: their paths are
         # relative to it
@@ -223,7 +224,8 @@ def test_lab_1_locks_the_names_every_later_lab_uses():
 
 
 def test_nothing_in_the_repository_points_outside_it():
-    """A fresh clone has nothing beside it: no path that climbs out of the repository."""
+    """A fresh clone has nothing beside it: no path that climbs out of the
+    repository."""
     outside = re.compile(r"\.\./shared|/work/")
     hits = [
         f"{p.relative_to(REPO_ROOT)}:{i}"

@@ -63,8 +63,8 @@ def test_a_hung_rank_is_killed_at_the_timeout(tmp_path):
             time.sleep(600)
         return "done"
 
-    # the launcher's own timeout, not the test's: LaunchTimeout, naming the 15 s it was
-    # given
+    # the launcher's own timeout, not the test's: LaunchTimeout, naming the 15 s it
+    # was given
     with pytest.raises(LaunchTimeout, match="did not finish within 15 s"):
         run_ranks(hang_on_rank_0, nprocs=2, timeout=15, quiet=True)
     for pid_file in tmp_path.glob("pid*"):
@@ -185,8 +185,8 @@ def test_more_ranks_than_gpus_is_refused_in_one_line_before_anything_starts(
 
 def test_the_reported_failure_is_the_root_cause_not_the_peer_that_lost_its_connection():
     """Elastic's timestamps are whole seconds: a rank's timeout and its peer's
-    "Connection closed by peer" a moment later often tie, and the lower rank would be
-    named."""
+    "Connection closed by peer" a moment later often tie, and the lower rank would
+    be named."""
     lost = SimpleNamespace(
         message="RuntimeError: [pair.cc:553] Connection closed by peer "
         "[127.0.0.1]:10150",

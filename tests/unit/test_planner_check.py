@@ -148,7 +148,7 @@ def test_tokens_per_s_at_the_measured_rates_within_the_stated_tolerance(row):
     )
 
 
-def test_at_the_measured_rates_the_mean_error_is_small_enough_that_dropping_a_term_shows():
+def test_at_the_measured_rates_the_mean_error_is_small_enough_that_dropping_a_term_shows():  # noqa: E501
     """Leaving attention out (about 0.24-0.29 s of a 1.7-2.4 s step) would add 15-20
     points to every row."""
     mean = (
@@ -160,8 +160,8 @@ def test_at_the_measured_rates_the_mean_error_is_small_enough_that_dropping_a_te
 
 
 def test_gloo_gathers_and_scatters_slower_than_the_ring_fed_the_all_reduce_fit():
-    """Why FSDP2's runs miss most: its collectives are not half an all-reduce each on
-    gloo."""
+    """Why FSDP2's runs miss most: its collectives are not half an all-reduce each
+    on gloo."""
     rows = collectives_check(INPUT_DATA)
     assert {(r["collective"], r["ranks"]) for r in rows} == {
         (k, n) for k in ("all_gather", "reduce_scatter") for n in (2, 4)

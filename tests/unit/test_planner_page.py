@@ -49,7 +49,7 @@ const more = JSON.parse(document.getElementById("distlab-planner-data").textCont
 more.gpus[NO_OVERLAP] = Object.assign({}, data.gpus["a100-80gb"], {overlap: false});
 const results = grid.map((inp) => distlabPredict(inp.gpu === NO_OVERLAP ? more : data, inp));
 console.log(JSON.stringify({rendered, results}));
-"""
+"""  # noqa: E501 (a data string: HTML or JavaScript)
 
 MODELS = ("llama3-8b", "llama3-70b", "gpt2-small", "shakespeare")
 SEQ_LENS = {
@@ -124,8 +124,8 @@ BASE |= {
     "precision": "bf16",
     "state": "fp32",
 }
-# each changes one input of BASE into one that Python's shape, gpu_cluster or check
-# rejects
+# each changes one input of BASE into one that Python's shape, gpu_cluster or
+# check rejects
 BAD = [
     {"model": "llama9"},
     {"model": "it's"},  # Python's repr quotes it with double quotes
@@ -161,7 +161,8 @@ FORM_ONLY = [
 
 
 def python_answer(inp: dict) -> dict:
-    """What the page should show for ``inp``: predict's dict, or the error's one line."""
+    """What the page should show for ``inp``: predict's dict, or the error's
+    one line."""
     try:
         gpu = "a100-80gb" if inp["gpu"] == NO_OVERLAP else inp["gpu"]
         cluster = gpu_cluster(gpu, inp["gpus"], inp["gpusPerNode"], inp["network"])
@@ -187,7 +188,8 @@ def python_answer(inp: dict) -> dict:
 
 
 def form_values(inp: dict) -> dict:
-    """The form's element values (names as planner_html writes them) for a grid input."""
+    """The form's element values (names as planner_html writes them) for a
+    grid input."""
     names = {
         "gpusPerNode": "per_node",
         "microBatch": "micro_batch",
@@ -221,8 +223,8 @@ def page():
         json.dumps(payload.group(1)),
         script,
     )
-    # the program is bigger than one command-line argument may be: node reads it from
-    # stdin
+    # the program is bigger than one command-line argument may be: node reads it
+    # from stdin
     node = subprocess.run(
         ["node", "-"], input=program, capture_output=True, text=True, timeout=120
     )

@@ -1,4 +1,5 @@
-"""``python -m distlab.bench``: the benchmark of labs 1-6 (see ``distlab.bench.labs``)."""
+"""``python -m distlab.bench``: the benchmark of labs 1-6 (see
+``distlab.bench.labs``)."""
 
 from distlab.bench.labs import main
 from distlab.cli import run

@@ -1,8 +1,9 @@
-"""Benchmark activation checkpointing: bytes kept for backward, peak, and step time, per
-policy.
+"""Benchmark activation checkpointing: bytes kept for backward, peak, and step time,
+per policy.
 
     python -m distlab.bench.ac --preset shakespeare --batch-size 16 --steps 5 --nprocs 2
-    python -m distlab.bench.ac --device cuda --nprocs 1     # on a GPU: models, data and lab 5 there
+    # on a GPU: models, data and lab 5 there
+    python -m distlab.bench.ac --device cuda --nprocs 1
 
 One process trains the same batch under each policy (none, full on every 3rd and every
 2nd block, full, selective); each gets its saved-activation bytes and peak from

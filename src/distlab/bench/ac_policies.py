@@ -1,8 +1,10 @@
 """Benchmark checkpointing policies, activation offload and the compiler's memory budget
 on a GPU.
 
-    python -m distlab.bench.ac_policies --device cuda --preset gpt2 --batch-size 8 --budgets 1.0 0.5 0.0
-    python -m distlab.bench.ac_policies --smoke          # CPU, tiny model, 2 steps: what the tests run
+    python -m distlab.bench.ac_policies --device cuda --preset gpt2 --batch-size 8 \\
+        --budgets 1.0 0.5 0.0
+    # CPU, tiny model, 2 steps: what the tests run
+    python -m distlab.bench.ac_policies --smoke
 
 One process trains the same batch under each configuration: no checkpointing, full,
 saving all matrix products, saving every other one (``chapters.ac_policies``),
@@ -72,8 +74,8 @@ def budget_backend(budget: float):
 
 
 class Config:
-    """One model under one configuration, with its optimizer and what was measured of
-    it."""
+    """One model under one configuration, with its optimizer and what was measured
+    of it."""
 
     def __init__(
         self, name: str, preset: str, device: torch.device, budget: float | None = None

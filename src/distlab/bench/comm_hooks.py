@@ -1,7 +1,9 @@
 """Benchmark DDP communication hooks: bytes per step, step time and loss, per hook.
 
-    python -m distlab.bench.comm_hooks                                    # 2 gloo CPU ranks, shakespeare
-    python -m distlab.bench.comm_hooks --device cuda --nprocs 2 --bucket-cap-mb 0   # GPUs (NCCL), DDP's buckets
+    # 2 gloo CPU ranks, shakespeare
+    python -m distlab.bench.comm_hooks
+    # GPUs (NCCL), DDP's buckets
+    python -m distlab.bench.comm_hooks --device cuda --nprocs 2 --bucket-cap-mb 0
 
 Every hook of book/ddp_overlap.md (fp32 through ``allreduce_hook``, fp16, bf16, PowerSGD
 at rank 1, 2 and 4) trains the same model from the same weights on the same batches, one

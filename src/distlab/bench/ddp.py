@@ -1,16 +1,16 @@
-"""Benchmark data parallelism: lab 2 against lab 1, and DDP built from scratch against
-torch's.
+r"""Benchmark data parallelism: lab 2 against lab 1, and DDP built from scratch
+against torch's.
 
-    python -m distlab.bench.ddp --preset shakespeare --batch-size 16 --steps 12 --nprocs 2 --repeats 3
+    python -m distlab.bench.ddp --preset shakespeare --batch-size 16 --steps 12 \
+        --nprocs 2 --repeats 3
 
 Measures, on the machine it runs on, one row per variant:
 * ``lab1_single`` (one process, all cores) and ``lab2_ddp`` (N ranks, the cores shared
-  out), run
-  as a user runs them, with their MFU of the measured matmul peak;
+  out), run as a user runs them, with their MFU of the measured matmul peak;
 * torch DDP at its default settings (``ddp``: ``bucket_cap_mb`` not passed, so the first
-  bucket
-  is 1 MiB and the others 25 MiB) and the from-scratch ``ddp-naive``, ``ddp-hooks`` and
-  ``ddp-bucketed`` at theirs, on the same workload (strategy names from ``distlab.infra.experiment``);
+  bucket is 1 MiB and the others 25 MiB) and the from-scratch ``ddp-naive``,
+  ``ddp-hooks`` and ``ddp-bucketed`` at theirs, on the same workload (strategy names
+  from ``distlab.infra.experiment``);
 * torch DDP with ``bucket_cap_mb`` passed (``ddp cap=X``): every bucket that size, no
   small first one.
 
@@ -19,8 +19,8 @@ so a slow spell of a shared machine falls on every row rather than on one. A row
 each repeat's tokens/s, their median and their spread (min to max); ``compare`` calls
 two rows different only when their spreads do not overlap. Results go to ``--out``
 (default ``results/ddp_bench.json``) with their provenance; the DDP chapter reads that
-file (through ``table``, ``verdict`` and ``figure``) instead of re-running the
-benchmark.
+file (through ``table``, ``verdict`` and ``figure``) instead of re-running
+the benchmark.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def _train_on_ranks(
 def wrapper_run(
     strategy: str, nprocs: int, preset: str, batch: int, steps: int, cap: float | None
 ) -> dict:
-    """One run of a wrapper through the experiment harness: the slowest rank's tokens/s."""
+    """One run of a wrapper through the experiment harness: the slowest
+    rank's tokens/s."""
     ranks = run_ranks(
         _train_on_ranks,
         nprocs=nprocs,
@@ -86,8 +87,8 @@ def wrapper_run(
 
 
 def plan(nprocs: int, caps: list[float]) -> dict[str, dict]:
-    """The rows: what each one is, and how to run it (a lab script, or a strategy with a
-    cap)."""
+    """The rows: what each one is, and how to run it (a lab script, or a strategy with
+    a cap)."""
     rows = {
         "lab1_single": {"about": "lab 1, 1 process", "ranks": 1, "lab": "lab1_single"},
         "lab2_ddp": {
@@ -147,8 +148,8 @@ def verdict(result: dict, row: str) -> str:
 
 
 def table(result: dict) -> list[dict]:
-    """The rows for a page: median tokens/s, the spread over the repeats, and the
-    verdict."""
+    """The rows for a page: median tokens/s, the spread over the repeats, and
+    the verdict."""
     ddp = result["rows"]["ddp"]["tokens_per_s"]["median"]
     rows = []
     for name, row in result["rows"].items():
@@ -169,8 +170,8 @@ def table(result: dict) -> list[dict]:
 
 def figure(result: dict):
     """Median tokens/s of each row, with the min-max spread of its repeats as an error
-    bar: the labs and wrappers on the left, torch DDP with bucket_cap_mb passed on the
-    right."""
+    bar: the labs and wrappers on the left, torch DDP with bucket_cap_mb passed on
+    the right."""
     import matplotlib.pyplot as plt
 
     rows = result["rows"]

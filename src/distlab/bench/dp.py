@@ -1,6 +1,6 @@
 """Record the DataParallel chapter's comparison: five ways to spend the same cores on
-the same batches of the `shakespeare` GPT, with each step's loss and time and one step's
-phases.
+the same batches of the `shakespeare` GPT, with each step's loss and time and one
+step's phases.
 
     python -m distlab.bench.dp                      # writes results/dp_bench.json
     python -m distlab.bench.dp --steps 8 --out /tmp/dp.json
@@ -68,8 +68,8 @@ def compare(preset_name: str, steps: int, global_batch: int) -> dict[str, dict]:
 
 
 def load(path=DEFAULT_OUT) -> tuple[dict, dict, dict[str, dict]]:
-    """(provenance, workload, runs) of a recording; each run's spans as ``Span``
-    objects."""
+    """(provenance, workload, runs) of a recording; each run's spans as
+    ``Span`` objects."""
     result = json.loads(Path(path).read_text())
     runs = {
         name: {**r, "spans": [Span(*s) for s in r["spans"]]}

@@ -2,7 +2,8 @@
 against bf16: the bytes each all-gather moves, the precision of one matmul, losses, step
 time and peak memory.
 
-    python -m distlab.bench.float8 --preset gpt2 --batch-size 8 --steps 300   # a GPU of compute capability 8.9+
+    # a GPU of compute capability 8.9+
+    python -m distlab.bench.float8 --preset gpt2 --batch-size 8 --steps 300
 
 GPU only: float8 matmuls (``torch._scaled_mm``) need an Ada or Hopper GPU, and torchao
 (not a dependency of the book: install it beside your torch). One process, FSDP2 on a
@@ -57,8 +58,8 @@ def require_float8_gpu() -> None:
 
 
 def float8_able(module: nn.Module, fqn: str) -> bool:
-    """torchao's float8 matmul needs both dims divisible by 16: the 65-character head is
-    not."""
+    """torchao's float8 matmul needs both dims divisible by 16: the 65-character head
+    is not."""
     return (
         isinstance(module, nn.Linear)
         and module.in_features % 16 == 0
@@ -80,8 +81,8 @@ def build(
 
 
 def all_gather_input_bytes(model: nn.Module) -> dict[str, int]:
-    """The bytes of each all-gather input FSDP2 builds, by dtype, summed over every
-    unit."""
+    """The bytes of each all-gather input FSDP2 builds, by dtype, summed over
+    every unit."""
     by_dtype: dict[str, int] = {}
     for module in model.modules():
         state = getattr(module, "_get_fsdp_state", None)
@@ -158,7 +159,8 @@ def train(variant: str, args, device: torch.device) -> dict:
 def matmul_error(
     device: torch.device, m: int = 8192, k: int = 768, n: int = 3072
 ) -> dict:
-    """Relative error of one linear's output, float8 and bf16, against the fp32 product."""
+    """Relative error of one linear's output, float8 and bf16, against the
+    fp32 product."""
     from torchao.float8 import convert_to_float8_training
 
     torch.manual_seed(0)

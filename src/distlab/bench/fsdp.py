@@ -1,6 +1,7 @@
-"""Benchmark DDP against FSDP2 per rank: bytes of model state, peak memory, tokens/s.
+r"""Benchmark DDP against FSDP2 per rank: bytes of model state, peak memory, tokens/s.
 
-    python -m distlab.bench.fsdp --preset shakespeare --batch-size 16 --steps 6 --nprocs 2 4 --repeats 3
+    python -m distlab.bench.fsdp --preset shakespeare --batch-size 16 --steps 6 \
+        --nprocs 2 4 --repeats 3
 
 For each world size, DDP, FSDP2 and FSDP2 without resharding the blocks after forward
 train the same batches, and FSDP2 with bf16 compute (``MixedPrecisionPolicy``) trains
@@ -36,8 +37,8 @@ SCHEMA = 2
 
 
 def measure(strategy: str, nprocs: int, preset: str, batch: int, steps: int) -> dict:
-    """One run on ``nprocs`` ranks; the peak is tracked in the last step, which is not
-    timed."""
+    """One run on ``nprocs`` ranks; the peak is tracked in the last step, which is
+    not timed."""
     ranks = run_ranks(
         train,
         nprocs=nprocs,

@@ -2,8 +2,10 @@
 time, peak memory and losses, in the checkpoint-compile-shard order of
 book/fsdp_compile.md.
 
-    python -m distlab.bench.fsdp_compile                      # a GPU: shakespeare, bf16 autocast, 200 steps
-    python -m distlab.bench.fsdp_compile --device cpu --preset tiny --steps 3 --dtype fp32 --backend aot_eager
+    # a GPU: shakespeare, bf16 autocast, 200 steps
+    python -m distlab.bench.fsdp_compile
+    python -m distlab.bench.fsdp_compile --device cpu --preset tiny --steps 3 \
+        --dtype fp32 --backend aot_eager
 
 One process, FSDP2 on a group of one (NCCL on a GPU, gloo on the CPU; a ``HashStore``
 group needs no port, see ``distlab.runtime.init_distributed``). Both variants build the
@@ -98,8 +100,8 @@ def train(compiled: bool, args, device: torch.device) -> dict:
 
 
 def compare(eager: dict, compiled: dict) -> dict:
-    """How far the compiled run's losses are from eager's, and the speed and memory
-    ratios."""
+    """How far the compiled run's losses are from eager's, and the speed and
+    memory ratios."""
     diffs = [abs(a - b) for a, b in zip(eager["losses"], compiled["losses"])]
     peaks = eager["peak_allocated_bytes"], compiled["peak_allocated_bytes"]
     return {

@@ -1,8 +1,10 @@
 """Benchmark FSDP2's CPUOffloadPolicy on a GPU: step time and peak GPU memory, with and
 without it.
 
-    python -m distlab.bench.fsdp_offload                      # on a GPU: gpt2 preset, bf16 and fp32
-    python -m distlab.bench.fsdp_offload --device cpu --out /tmp/smoke.json   # a smoke run, seconds
+    # on a GPU: gpt2 preset, bf16 and fp32
+    python -m distlab.bench.fsdp_offload
+    # a smoke run, seconds
+    python -m distlab.bench.fsdp_offload --device cpu --out /tmp/smoke.json
 
 One process joins a process group of one (NCCL on a GPU, gloo on the CPU; an in-memory
 store, no port: ``distlab.runtime.init_distributed``), without torchrun, and trains the
@@ -40,8 +42,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": None}
 
 
 def build(preset_name: str, dtype: str, offload: bool, device: torch.device):
-    """The GPT sharded block by block, then the root, on a mesh of this one rank; its
-    AdamW."""
+    """The GPT sharded block by block, then the root, on a mesh of this one rank;
+    its AdamW."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     # pinned host memory needs an accelerator to pin for

@@ -1,9 +1,12 @@
 """Benchmark the labs: every strategy on the same workload, at 1, 2, 4... ranks.
 
-    python -m distlab.bench --preset shakespeare --batch-size 16 --steps 12 --ranks 1 2 4
-    python -m distlab.bench --labs 1 2 --ranks 1 2 --preset tiny --steps 5 --out /tmp/b.json
+    python -m distlab.bench --preset shakespeare --batch-size 16 --steps 12 \\
+        --ranks 1 2 4
+    python -m distlab.bench --labs 1 2 --ranks 1 2 --preset tiny --steps 5 \\
+        --out /tmp/b.json
+    # 2 GPUs; again with --compile
     python -m distlab.bench --device cuda --preset gpt2 --dtype bf16 --batch-size 32 \
-        --micro-batch-size 16 --log-every 10 --steps 30 --ranks 1 2   # 2 GPUs; again with --compile
+        --micro-batch-size 16 --log-every 10 --steps 30 --ranks 1 2
 
 Each run is a real run of a lab script, ``src/labs/labN_*.py``, launched as torchrun
 would launch it, with the same options for every lab: model preset, global batch, steps,
@@ -87,8 +90,8 @@ KEPT = (
 # kept too where a lab's summary has them: rank 0's peak bytes on a CUDA device (none on
 # a CPU)
 CUDA_PEAKS = ("cuda_max_memory_allocated", "cuda_max_memory_reserved")
-# options passed on to every lab only when asked for, so a plain run's command line is
-# unchanged
+# options passed on to every lab only when asked for, so a plain run's command line
+# is unchanged
 PASSED_ON = {"compile": "--compile", "log_every": "--log-every", "tf32": "--tf32"}
 
 
@@ -98,8 +101,8 @@ def lab_path(lab: str) -> Path:
 
 @functools.cache
 def load_lab(lab: str) -> types.ModuleType:
-    """A lab script as a module (its TrainConfig, its functions); its main() does not
-    run."""
+    """A lab script as a module (its TrainConfig, its functions); its main() does
+    not run."""
     name = f"distlab_lab_{lab}"
     spec = importlib.util.spec_from_file_location(name, lab_path(lab))
     module = importlib.util.module_from_spec(spec)

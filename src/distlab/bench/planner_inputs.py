@@ -1,33 +1,34 @@
-"""Measure what the planner needs to know about this CPU, as the recorded lab runs saw
-it.
+"""Measure what the planner needs to know about this CPU, as the recorded lab runs
+saw it.
 
     python -m distlab.bench.planner_inputs                  # about a minute on 2 cores
     python -m distlab.bench.planner_inputs --repeats 5 --out /tmp/inputs.json
 
 For N = 1, 2 and 4 ranks at once (gloo CPU ranks through ``run_ranks``, which gives each
-rank the threads the labs get: ``cpu_count // N``, at least 1), every rank measures
-together:
+rank the threads the labs get: ``cpu_count // N``, at least 1), every rank
+measures together:
 
 * the fp32 matmul peak per rank, with ``distlab.flops.measured_peak_flops``, the very
-  call each
-  recorded lab run made at its end (``peak_flops_per_s`` there): the planner's compute rate;
+  call each recorded lab run made at its end (``peak_flops_per_s`` there): the planner's
+  compute rate;
 * the same matmul called back to back for about a second, its median: what a rank
-  sustains
-  while the others compute too (on 4 ranks sharing 2 cores the peak's best call can land in a
-  moment when another rank waits, and say more than a sustained share of a core);
+  sustains while the others compute too (on 4 ranks sharing 2 cores the peak's best call
+  can land in a moment when another rank waits, and say more than a sustained share of
+  a core);
 * causal attention (``scaled_dot_product_attention``, the labs' kernel) forward and
-  backward at a lab
-  micro-batch's shape (4 sequences of the shakespeare preset: 6 heads, 256 tokens, 64 wide), its
-  FLOP/s counted as the planner counts them (half of the 4*T*C per token, the causal half, x3):
-  the rate the planner's ``attention_efficiency`` is a fraction of the peak for;
+  backward at a lab micro-batch's shape (4 sequences of the shakespeare preset: 6 heads,
+  256 tokens, 64 wide), its FLOP/s counted as the planner counts them (half of the 4*T*C
+  per token, the causal half, x3): the rate the planner's ``attention_efficiency`` is a
+  fraction of the peak for;
 * a plain copy's bandwidth per rank with all ranks copying at once
-  (``distlab.chapters.collectives.copy_bandwidth``: bytes copied per second, each read once and
-  written once), at the collectives chapter's largest message (16 MB) and at 256 MB (past the
-  32 MB L3 cache of the CI machine, so memory's own rate);
+  (``distlab.chapters.collectives.copy_bandwidth``: bytes copied per second, each read
+  once and written once), at the collectives chapter's largest message (16 MB) and at
+  256 MB (past the 32 MB L3 cache of the CI machine, so memory's own rate);
 * for N >= 2, the alpha-beta fit of gloo's all-reduce of the collectives chapter
-  (``time_collectives`` then ``summarise_timings``, at the sizes ``book/ddp_scaling.md`` fits on:
-  1, 4 and 16 KB for alpha, 16 MB for the bandwidth B), and the median time of its reduce-scatter and
-  all-gather of 16 MB (FSDP2's collectives), which the fit, made on all-reduces, should predict.
+  (``time_collectives`` then ``summarise_timings``, at the sizes ``book/ddp_scaling.md``
+  fits on: 1, 4 and 16 KB for alpha, 16 MB for the bandwidth B), and the median time of
+  its reduce-scatter and all-gather of 16 MB (FSDP2's collectives), which the fit, made
+  on all-reduces, should predict.
 
 Each rank count is launched ``--repeats`` times, the rounds interleaved (1, 2, 4, 1, 2,
 4...) so that a busy spell of the shared machine spreads over all of them; the result
@@ -68,8 +69,8 @@ ATTENTION_SHAPE = (4, 6, 256, 64)
 
 
 def sustained_matmul_flops() -> float:
-    """FLOP/s of 2048^3 fp32 matmuls called back to back by every rank at once (median
-    call)."""
+    """FLOP/s of 2048^3 fp32 matmuls called back to back by every rank at once
+    (median call)."""
     a, b = torch.randn(SUSTAINED_N, SUSTAINED_N), torch.randn(SUSTAINED_N, SUSTAINED_N)
     torch.mm(a, b)  # warm-up
     dist.barrier()
@@ -191,12 +192,17 @@ def main(argv: list[str] | None = None) -> dict:
         "schema": SCHEMA,
         "provenance": finished(measured),
         "seconds": round(time.perf_counter() - start, 1),
-        "copy_counts": "bytes copied per second: each byte read once and written once (2x that "
-        ""
-        "moved)",
-        "alpha_is": "seconds per ring step (the fit's 2(N-1) alpha is a small all-reduce's "
-        "time)",
-        "bandwidth_is": "bytes per second each rank sends, the ring's B (book/collectives.md)",
+        "copy_counts": (
+            "bytes copied per second: each byte read once and written once "
+            "(2x that moved)"
+        ),
+        "alpha_is": (
+            "seconds per ring step (the fit's 2(N-1) alpha is a small all-reduce's "
+            "time)"
+        ),
+        "bandwidth_is": (
+            "bytes per second each rank sends, the ring's B (book/collectives.md)"
+        ),
         "by_ranks": {str(n): summarise(made[n]) for n in sorted(made)},
     }
     write_result(result, args.out)

@@ -66,7 +66,8 @@ def provenance(module: str, argv: list[str] | None, device: str = "auto") -> dic
 
 
 def gpu_provenance() -> dict:
-    """The GPUs a CUDA measurement could use: what each is, the driver, CUDA and NCCL."""
+    """The GPUs a CUDA measurement could use: what each is, the driver, CUDA
+    and NCCL."""
     import torch.cuda.nccl  # not imported by ``import torch``
 
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -119,7 +120,8 @@ def finished(prov: dict) -> dict:
 
 
 def write_result(result: dict, path: str | Path) -> Path:
-    """Write a benchmark's result (with its provenance) as indented JSON, and say where."""
+    """Write a benchmark's result (with its provenance) as indented JSON, and
+    say where."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -90,8 +90,8 @@ _GOALS = [
 
 
 def targets(result: dict) -> list[dict]:
-    """Each goal with its measured value; ``met`` is None where the runs it needs are
-    missing."""
+    """Each goal with its measured value; ``met`` is None where the runs it needs
+    are missing."""
 
     def R(lab: str, n: int) -> dict:  # noqa: N802 - reads like the table
         found = run(result, lab, n)

@@ -1,5 +1,5 @@
-"""Accelerate's quiet fallbacks, and what its FSDP2 plugin builds, reproduced on CPU
-ranks.
+"""Accelerate's quiet fallbacks, and what its FSDP2 plugin builds, reproduced on
+CPU ranks.
 
 Each function runs on every rank of ``launch.run_ranks(..., init_group=False)``:
 Accelerate forms (or fails to form) the process group itself, exactly as it would under
@@ -25,8 +25,8 @@ from distlab.model import GPT, preset
 
 
 def fingerprint(model: torch.nn.Module) -> str:
-    """A short hash of every parameter's bytes: equal on two ranks iff the weights are
-    equal."""
+    """A short hash of every parameter's bytes: equal on two ranks iff the weights
+    are equal."""
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().float().cpu().numpy().tobytes())
@@ -62,8 +62,8 @@ def _caught(check, *args, **kwargs) -> str | None:
 
 
 def without_cpu_true() -> dict:
-    """``Accelerator()`` on a machine with no GPU, in a launched process: a group of
-    one."""
+    """``Accelerator()`` on a machine with no GPU, in a launched process: a group
+    of one."""
     from accelerate import Accelerator
 
     accelerator = Accelerator()  # the mistake: no cpu=True
@@ -81,8 +81,8 @@ def without_cpu_true() -> dict:
 
 
 def fsdp_plugin_on_cpu() -> dict:
-    """``Accelerator(cpu=True, fsdp_plugin=FSDP2)`` on CPU ranks: what does prepare
-    give?"""
+    """``Accelerator(cpu=True, fsdp_plugin=FSDP2)`` on CPU ranks: what does
+    prepare give?"""
     from accelerate import Accelerator
     from accelerate.utils import FullyShardedDataParallelPlugin
 
@@ -173,8 +173,8 @@ def accumulate_trace(out_dir: str, accum_steps: int = 4) -> None:
 
 
 def in_fsdp2_mode(plugin, mixed_precision: str):
-    """A CPU Accelerator switched into the FSDP2 mode that Accelerate selects only on
-    accelerators.
+    """A CPU Accelerator switched into the FSDP2 mode that Accelerate selects only
+    on accelerators.
 
     Given an FSDP plugin on GPUs, ``AcceleratorState.__init__`` (accelerate/state.py)
     sets ``distributed_type = FSDP``, calls

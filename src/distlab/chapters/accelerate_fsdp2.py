@@ -68,8 +68,8 @@ BLOCKS_CONFIG = (
 
 
 def launcher_env(config_file: str | os.PathLike) -> dict[str, str]:
-    """The Accelerate variables ``accelerate launch --config_file FILE`` gives every
-    rank.
+    """The Accelerate variables ``accelerate launch --config_file FILE`` gives
+    every rank.
 
     The same calls ``launch_command`` makes: parse, fill the arguments from the file
     (``_validate_launch_command``), then ``prepare_multi_gpu_env``, which
@@ -96,8 +96,8 @@ def launcher_env(config_file: str | os.PathLike) -> dict[str, str]:
 
 def plugin_from_env(env: dict[str, str]):
     """``FullyShardedDataParallelPlugin()`` with no arguments, as ``Accelerator`` builds
-    it under the launcher (accelerator.py): every field is read from the ``FSDP_*``
-    variables."""
+    it under the launcher (accelerator.py): every field is read from the
+    ``FSDP_*`` variables."""
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     with mock.patch.dict(os.environ, env):
@@ -105,8 +105,8 @@ def plugin_from_env(env: dict[str, str]):
 
 
 def materialised_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the distinct parameter storages that hold memory (meta tensors hold
-    none)."""
+    """Bytes of the distinct parameter storages that hold memory (meta tensors
+    hold none)."""
     storages = {}
     for p in model.parameters():
         local = p.to_local() if hasattr(p, "to_local") else p
@@ -149,8 +149,8 @@ def prepared_model(env: dict[str, str], model: torch.nn.Module):
 def inspect_config(env: dict[str, str], save_dir: str) -> dict:
     """What Accelerate built from ``env``: the plugin's fields, then, on the prepared
     tiny GPT, the units, which of them are sharded again after the forward, the
-    collectives of one step, the checkpoint wrappers, and the files ``save_state``
-    writes."""
+    collectives of one step, the checkpoint wrappers, and the files
+    ``save_state`` writes."""
     from accelerate.utils.fsdp_utils import _get_model_state_dict, _prepare_sd_options
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointWrapper,
@@ -311,7 +311,8 @@ def loading_row(env: dict[str, str], checkpoint: str, setup: str) -> dict:
 
 
 def optimizer_step_changes(accelerator, model, optimizer) -> dict:
-    """One step on a batch: how many of the model's parameters it changed on this rank."""
+    """One step on a batch: how many of the model's parameters it changed on
+    this rank."""
     before = {name: p.to_local().clone() for name, p in model.named_parameters()}
     x = torch.randint(
         0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(2)

@@ -35,8 +35,8 @@ from distlab.runtime import dist_env, pick_device, rank_world
 
 
 class CheckpointedBlock(nn.Module):
-    """Runs ``block`` under non-reentrant activation checkpointing: only its input is
-    kept."""
+    """Runs ``block`` under non-reentrant activation checkpointing: only its input
+    is kept."""
 
     def __init__(self, block: nn.Module):
         super().__init__()
@@ -47,8 +47,8 @@ class CheckpointedBlock(nn.Module):
 
 
 def checkpoint_blocks(model: nn.Module) -> nn.Module:
-    """Wrap every block of a GPT in ``CheckpointedBlock``, in place (model.py stays
-    untouched)."""
+    """Wrap every block of a GPT in ``CheckpointedBlock``, in place (model.py
+    stays untouched)."""
     for i, block in enumerate(model.blocks):
         model.blocks[i] = CheckpointedBlock(block)
     return model
@@ -155,8 +155,8 @@ def activation_memory(
     tracker.track_external(model)
     with tracker:
         logits, loss = model(idx, targets)
-        # the caller's output, not something autograd keeps (cross-entropy saved its
-        # own)
+        # the caller's output, not something autograd keeps (cross-entropy saved
+        # its own)
         del logits
         now = kinds(tracker_snapshot(tracker, "current", device))
         loss.backward()
@@ -187,8 +187,8 @@ def gradients(
     return [p.grad.clone() for p in model.parameters()]
 
 
-# (wrapping order, checkpoint implementation, mode): the combinations with FSDP2
-# compared
+# (wrapping order, checkpoint implementation, mode): the combinations with
+# FSDP2 compared
 FSDP2_ORDERS = [
     ("checkpoint, then shard", "non-reentrant", "full"),
     ("checkpoint, then shard", "non-reentrant", "selective"),

@@ -1,6 +1,6 @@
 """The Benchmarks chapter: what a recorded ``python -m distlab.bench`` result says, as
-the page's tables and figures, plus the two short runs its run-logs section lists and
-plots.
+the page's tables and figures, plus the two short runs its run-logs section lists
+and plots.
 
     result = recorded_results()["cpu_shakespeare_fp32"]   # distlab.bench.report
     run(result, "lab4_fsdp2", 2)["tokens_per_s"]
@@ -47,7 +47,8 @@ MEMORY_GROUPS = {
 
 
 def run(result: dict, lab: str, world_size: int) -> dict | None:
-    """The run of ``lab`` at ``world_size`` ranks, or None if it was not made or failed."""
+    """The run of ``lab`` at ``world_size`` ranks, or None if it was not made
+    or failed."""
     for r in result["runs"]:
         if r["lab"] == lab and r["world_size"] == world_size and "error" not in r:
             return r
@@ -100,18 +101,20 @@ def loss_agreement(result: dict) -> dict[tuple[str, int], float]:
 
 
 def threads_per_rank(r: dict) -> int:
-    """The intra-op threads each rank of a recorded run had (its peak was timed with
-    them)."""
+    """The intra-op threads each rank of a recorded run had (its peak was timed
+    with them)."""
     return r["peak_measured_with"]["threads_per_rank"]
 
 
 def mark(n: int, cores: int) -> str:
-    """A rank count, starred when the ranks outnumber the cores (they then share them)."""
+    """A rank count, starred when the ranks outnumber the cores (they then
+    share them)."""
     return f"{n}*" if n > cores else str(n)
 
 
 def runs_table(result: dict) -> list[dict]:
-    """One row per recorded run: speed, memory and final losses, formatted for the page."""
+    """One row per recorded run: speed, memory and final losses, formatted for
+    the page."""
     cores, rows = result["provenance"]["cpu_count"], []
     for r in result["runs"]:
         row = {"lab": LAB_NAMES[r["lab"]], "ranks": mark(r["world_size"], cores)}
@@ -137,14 +140,15 @@ def runs_table(result: dict) -> list[dict]:
 
 
 def repeat_spread(result: dict) -> float:
-    """The largest (fastest / slowest - 1) over the repeats of one lab at one rank
-    count."""
+    """The largest (fastest / slowest - 1) over the repeats of one lab at one
+    rank count."""
     runs = [r["tokens_per_s_repeats"] for r in result["runs"] if "error" not in r]
     return max(max(t) / min(t) - 1 for t in runs)
 
 
 def efficiency_table(result: dict) -> list[dict]:
-    """``scaling`` formatted for the page, lab 1 left out (it ran on one process only)."""
+    """``scaling`` formatted for the page, lab 1 left out (it ran on one
+    process only)."""
     cores = result["provenance"]["cpu_count"]
 
     def fmt(x):
@@ -182,7 +186,9 @@ def ac_tradeoff_table(result: dict, ranks=(1, 2, 4)) -> list[dict]:
                 "time, lab 5 / lab 4": f"{with_ac['step_s'] / without['step_s']:.2f}",
                 "activations MB, lab 4": f"{activations(without) / MB:.1f}",
                 "activations MB, lab 5": f"{activations(with_ac) / MB:.1f}",
-                "activations, lab 5 / lab 4": f"{activations(with_ac) / activations(without):.2f}",
+                "activations, lab 5 / lab 4": (
+                    f"{activations(with_ac) / activations(without):.2f}"
+                ),
             }
         )
     return rows
@@ -242,7 +248,8 @@ def scaling_figure(result: dict):
 
 
 def memory_figure(result: dict, ranks=(1, 2, 4)):
-    """Rank 0's bytes at its peak, by group of kinds, for every lab at each rank count."""
+    """Rank 0's bytes at its peak, by group of kinds, for every lab at each
+    rank count."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(ranks), figsize=(13, 3.8), sharey=True)
@@ -294,7 +301,7 @@ def two_short_runs(out: str | Path, steps: int = 30) -> list[Path]:
 
 
 def runs_cli(*args: str) -> str:
-    """What ``python -m distlab.tools.runs ARGS`` prints (it fails loudly if the command
-    does)."""
+    """What ``python -m distlab.tools.runs ARGS`` prints (it fails loudly if the
+    command does)."""
     command = [sys.executable, "-m", "distlab.tools.runs", *map(str, args)]
     return subprocess.run(command, capture_output=True, text=True, check=True).stdout

@@ -6,7 +6,8 @@ mismatched checkpoint.
     never_stopped = train_lab4(runs / "never_stopped", "--checkpoint-every", "10")
     piece_table(never_stopped / "checkpoints" / "step_000010", "app.model.wte.weight")
     resumed, said = resume_losses(step10, runs / "resumed_on_4", nprocs=4)
-    save_on_local_disks(runs / "disks")  # lab 2 on two emulated nodes, each --out on its own "disk"
+    # lab 2 on two emulated nodes, each --out on its own "disk"
+    save_on_local_disks(runs / "disks")
 
 Lab 4 runs as a script on local ranks (``distlab.infra.launch.run_script``), as torchrun
 would start it; everything else reads the files it wrote.
@@ -138,8 +139,8 @@ def checkpoint_groups(checkpoint: str | Path) -> dict[str, tuple[int, int]]:
 
 
 def checkpoint_lines(script: str = LAB4) -> list[str]:
-    """The lines of a lab script that deal with checkpoints, numbered, comments left
-    out."""
+    """The lines of a lab script that deal with checkpoints, numbered, comments
+    left out."""
     about = re.compile(r"Checkpoints|checkpoints\.|checkpoint_every|resume|start_step")
     lines = (REPO_ROOT / script).read_text().splitlines()
     return [

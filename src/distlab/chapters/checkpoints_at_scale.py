@@ -58,8 +58,8 @@ def young_interval(save_s: float, mtbf_s: float) -> tuple[float, float]:
 
 
 def sharded_gpt(name: str = "shakespeare") -> torch.nn.Module:
-    """The preset's GPT, each block and the root sharded with FSDP2 (same seed on every
-    rank)."""
+    """The preset's GPT, each block and the root sharded with FSDP2 (same seed on
+    every rank)."""
     return apply_fsdp(gpt(name, seed=0))
 
 
@@ -68,8 +68,8 @@ def time_saves(
     model: torch.nn.Module, folder: Path, save_group: dist.ProcessGroup
 ) -> dict:
     """Seconds the caller is blocked by dcp.save and by dcp.async_save, and until
-    async_save's future completes; checks that async_save's snapshot is the state at the
-    call."""
+    async_save's future completes; checks that async_save's snapshot is the state at
+    the call."""
     rows = {"save": [], "async_blocked": [], "async_total": []}
     for i in range(REPEATS):
         state = {"app": {"model": get_model_state_dict(model)}}
@@ -110,8 +110,8 @@ def time_saves(
 
 # --- begin options ---
 def state_dict_views(model: torch.nn.Module) -> dict:
-    """What this rank holds under each StateDictOptions: keys, value type, bytes, wte's
-    shape."""
+    """What this rank holds under each StateDictOptions: keys, value type, bytes,
+    wte's shape."""
     views = {}
     for label, options in {
         "default": StateDictOptions(),
@@ -268,8 +268,8 @@ def kill_hung_worker(
     hang_at: int = 2, limit_s: float = 1.0, timeout_s: float = 30
 ) -> dict:
     """Run ``_worker`` in a child process under a LocalTimerServer; returns when it
-    hung, when it died, and its exit code (-9: SIGKILL, sent by the server's watchdog
-    thread)."""
+    hung, when it died, and its exit code (-9: SIGKILL, sent by the server's
+    watchdog thread)."""
     import multiprocessing as mp
 
     from torch.distributed.elastic import timer

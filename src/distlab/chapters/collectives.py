@@ -109,8 +109,8 @@ DEMOS = (broadcast, all_reduce, reduce_scatter, all_gather, barrier)
 
 # --- begin reduce_ops ---
 def reduce_ops() -> dict[tuple[str, str], list | str]:
-    """What all_reduce leaves on this rank per operator and dtype, or the backend's
-    error."""
+    """What all_reduce leaves on this rank per operator and dtype, or the
+    backend's error."""
     ops = {
         "SUM": dist.ReduceOp.SUM,
         "AVG": dist.ReduceOp.AVG,
@@ -201,7 +201,8 @@ def ring_check(n: int, device: str = "cpu") -> dict:
 
 
 def exchange_ranks() -> int:
-    """Every rank sends its rank to the right with the parity-ordered blocking exchange."""
+    """Every rank sends its rank to the right with the parity-ordered
+    blocking exchange."""
     return parity_ring_exchange(
         torch.tensor([rank_world()[0]], device=_device())
     ).item()
@@ -224,8 +225,8 @@ def timed(op, repeats: int, device: torch.device) -> list[float]:
 
 
 def time_collectives(sizes: list[int]) -> dict[tuple[str, int], list[float]]:
-    """On every rank: both all-reduces at every size, and gloo's two halves at the
-    largest."""
+    """On every rank: both all-reduces at every size, and gloo's two halves at
+    the largest."""
     times, device = {}, _device()
     for nbytes in sizes:
         x = torch.ones(nbytes // 4, device=device)  # float32
@@ -297,8 +298,8 @@ def copy_bandwidth(nbytes: int, repeats: int = 21) -> float:
 
 # --- the timings' picture (the ring's own are drawn in distlab.scratch.collectives) ---
 def timing_figure(summary: dict, copy_bw: float):
-    """Time and bus bandwidth against message size, medians and middle half of the
-    repeats."""
+    """Time and bus bandwidth against message size, medians and middle half of
+    the repeats."""
     import matplotlib.pyplot as plt
 
     n, sizes, per_repeat, median, busbw = (

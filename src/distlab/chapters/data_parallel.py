@@ -4,7 +4,8 @@ step's phases timed, and which threads run the replicas' backward; the bytes GPU
 (``ddp_buffer_broadcasts``, on every rank of ``run_ranks(..., init_group=False)``), and
 the pitfalls the CPU can show.
 
-    train_steps("dp-scratch", preset_name="tiny", steps=5)   # from-scratch DataParallel, 2 replicas
+    # from-scratch DataParallel, 2 replicas
+    train_steps("dp-scratch", preset_name="tiny", steps=5)
 
 The variants (``STRATEGIES``, names from ``distlab.infra.experiment``), all in one
 process on the same global batches as lab 1: ``single`` (the module alone), ``dp``
@@ -86,8 +87,8 @@ def train_steps(
 def backward_threads(
     preset_name: str = "tiny", global_batch: int = 8, replicas: int = 2
 ) -> dict[int, set[str]]:
-    """The names of the threads that run each replica's backward (on this process's
-    device)."""
+    """The names of the threads that run each replica's backward (on this
+    process's device)."""
     device = pick_device("auto")
     model = gpt(preset_name).to(device)
     x, y = token_data().batch(
@@ -109,8 +110,8 @@ def backward_threads(
 
 def thread_speedup(work, n_threads: int = 2, repeats: int = 3) -> float:
     """How much faster ``n_threads`` threads each running ``work()`` finish than the
-    same ``n_threads`` calls one after the other (best of ``repeats``): 1.0 means no
-    overlap."""
+    same ``n_threads`` calls one after the other (best of ``repeats``): 1.0 means
+    no overlap."""
 
     def in_a_row() -> float:
         start = time.perf_counter()
@@ -162,7 +163,7 @@ def dataparallel_traffic(
 # --- end traffic ---
 
 
-# ---------------------------------------------------------------- pitfalls, shown on the CPU
+# ----------------------------------------------------------- pitfalls, shown on the CPU
 def used_gpus(rows: int, gpus: int) -> list[int]:
     """Rows each GPU gets from a batch of ``rows``: torch.chunk's split, as torch's
     scatter cuts. Fewer chunks than GPUs leaves the rest idle (DataParallel replicates

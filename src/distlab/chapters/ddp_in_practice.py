@@ -1,10 +1,10 @@
-"""DDP in practice: uneven inputs and ``Join``, BatchNorm under DDP, exact distributed
-evaluation.
+"""DDP in practice: uneven inputs and ``Join``, BatchNorm under DDP, exact
+distributed evaluation.
 
 The experiments of book/ddp_in_practice.md. The ``*_demo`` functions run on every rank
 of a ``run_ranks`` or ``observe`` launch (2 gloo ranks on the page); the ``*_reference``
-functions compute the same thing in one process, for the tests and the page to compare
-with.
+functions compute the same thing in one process, for the tests and the page to
+compare with.
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ def uneven_reference(
     divide_by_initial_world_size: bool = True,
     lr: float = 0.1,
 ) -> dict:
-    """One process, the same rows: at each step the rows of the ranks that still have
-    data.
+    """One process, the same rows: at each step the rows of the ranks that still
+    have data.
 
     ``divide_by_initial_world_size``: a step's loss is divided by every rank's rows
     (``ROWS * world_size``), as if the missing ranks' rows counted zero; else by the
@@ -186,8 +186,8 @@ def _steps(model, opt, batches, runner=None) -> dict:
 def bn_demo(
     broadcast_buffers: bool = True, sync: bool = False, steps: int = 3, lr: float = 0.1
 ) -> dict:
-    """Rank r trains the BatchNorm model under DDP on its ROWS rows of each global
-    batch."""
+    """Rank r trains the BatchNorm model under DDP on its ROWS rows of each
+    global batch."""
     rank, world_size = rank_world()
     module = convert_sync_batchnorm_on_gloo(bn_model()) if sync else bn_model()
     # this rank's own gradient of step 0, before DDP averages it (a copy: its forward
@@ -261,8 +261,8 @@ def per_sample_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch
 # --- begin exact ---
 @torch.no_grad()
 def evaluate_exactly(model: nn.Module, dataset, batch_size: int = 2) -> float:
-    """The mean loss over every sample of ``dataset`` exactly once, the same on every
-    rank.
+    """The mean loss over every sample of ``dataset`` exactly once, the same on
+    every rank.
 
     The shards are DistributedSampler's (shuffle off, padded: every rank runs the same
     number of batches, which a model whose forward has collectives needs); the padding
@@ -324,8 +324,8 @@ def naive_evaluations(
 
 
 def eval_data(n: int) -> tuple[nn.Module, torch.utils.data.TensorDataset]:
-    """A fixed regressor and ``n`` samples whose losses differ a lot (so a repeat
-    shows)."""
+    """A fixed regressor and ``n`` samples whose losses differ a lot (so a
+    repeat shows)."""
     torch.manual_seed(0)
     x = torch.randn(n, 3)
     return regressor(), torch.utils.data.TensorDataset(

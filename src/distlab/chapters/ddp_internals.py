@@ -1,12 +1,15 @@
 """The DDP chapter's experiments: each data-parallel wrapper trained on equal terms, the
 gradients each one leaves after the sync, and what torch's DDP really does inside.
 
-Called on every rank (through ``distlab.infra.launch.run_ranks``) or in a single
-process:
+Called on every rank (through ``distlab.infra.launch.run_ranks``) or in a
+single process:
 
-    run_ranks(train_steps, nprocs=2, args=("ddp-bucketed",))   # from-scratch DDP on 2 ranks
-    train_steps("single")                                      # the one-process reference
-    run_ranks(bucket_layouts, nprocs=2)                        # the real Reducer's buckets
+    # from-scratch DDP on 2 ranks
+    run_ranks(train_steps, nprocs=2, args=("ddp-bucketed",))
+    # the one-process reference
+    train_steps("single")
+    # the real Reducer's buckets
+    run_ranks(bucket_layouts, nprocs=2)
 
 Strategies (``STRATEGIES``, names from ``distlab.infra.experiment``): ``single`` (no
 wrapper; one process), ``ddp`` (torch's DistributedDataParallel) and the from-scratch
@@ -114,8 +117,8 @@ def _ddp(model: nn.Module, bucket_cap_mb: float | None = None, **kwargs):
 
 # --- begin layouts ---
 def reducer_buckets(ddp) -> list[tuple[int, list[str]]]:
-    """The Reducer's buckets now, in the order it launches them: (bytes, parameter
-    names)."""
+    """The Reducer's buckets now, in the order it launches them: (bytes,
+    parameter names)."""
     names = {id(p): name for name, p in ddp.module.named_parameters()}
     return [
         (

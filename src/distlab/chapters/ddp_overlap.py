@@ -1,8 +1,10 @@
 """The overlap on a timeline, and compressing the gradients: the experiments of
 book/ddp_overlap.md.
 
-    run_ranks(timeline_demo, nprocs=2)                    # bucket timestamps, from-scratch and torch DDP
-    run_ranks(compression_demo, nprocs=2)                 # bytes, seconds and losses per comm hook
+    # bucket timestamps, from-scratch and torch DDP
+    run_ranks(timeline_demo, nprocs=2)
+    # bytes, seconds and losses per comm hook
+    run_ranks(compression_demo, nprocs=2)
 
 Both run on every rank of a ``run_ranks`` launch (2 gloo ranks on the page).
 """
@@ -40,7 +42,7 @@ def _model(preset_name: str) -> GPT:
     return GPT(preset(preset_name, vocab_size=token_data().vocab_size))
 
 
-# ---------------------------------------------------------------- the overlap on a timeline
+# ------------------------------------------------------------ the overlap on a timeline
 # --- begin scratch recorder ---
 class _TimedWork:
     """Stands in for the all-reduce's Work object: records when the step waits on it and
@@ -136,13 +138,14 @@ def timeline_demo(
 
 # ---------------------------------------------------------------- communication hooks
 def bf16_hook_by_another_name(process_group, bucket):
-    """``bf16_compress_hook``, under a name DDP does not refuse on CPU (see the page)."""
+    """``bf16_compress_hook``, under a name DDP does not refuse on CPU (see
+    the page)."""
     return default_hooks.bf16_compress_hook(process_group, bucket)
 
 
 def _register(ddp: DDP, variant: str, start_powersgd_iter: int):
-    """Register the comm hook of ``variant`` on ``ddp``; returns the PowerSGD state, or
-    None."""
+    """Register the comm hook of ``variant`` on ``ddp``; returns the PowerSGD state,
+    or None."""
     if variant == "fp32":
         # what DDP does without a hook
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
@@ -167,8 +170,8 @@ def _register(ddp: DDP, variant: str, start_powersgd_iter: int):
 
 
 def bf16_refusal() -> str:
-    """What ``register_comm_hook(None, bf16_compress_hook)`` says on a CPU build: one
-    line."""
+    """What ``register_comm_hook(None, bf16_compress_hook)`` says on a CPU build:
+    one line."""
     ddp = DDP(_model("tiny"))
     try:
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
@@ -223,8 +226,8 @@ def train_with_hook(
 
 
 def val_loss(model: GPT, tokens: int = 64, rows: int = 32) -> float:
-    """The loss on one fixed validation batch (the same on every rank, whose weights are
-    equal)."""
+    """The loss on one fixed validation batch (the same on every rank, whose weights
+    are equal)."""
     x, y = token_data().batch(
         "val", 0, rows, tokens, SEED, device=next(model.parameters()).device
     )

@@ -2,10 +2,11 @@
 (``distlab.tools.step_model``) checked against this machine, its GPU answers, and the
 all-reduce algorithms' costs.
 
-    measured = run_ranks(measure_on_ranks, nprocs=2)   # one cheap launch: the alpha-beta fit, and
-                                                        # DDP's exposed all-reduce measured directly
-    cpu_check(measured[0])                              # the model's exposed time against it
-    recorded_runs_check(link)                           # ... and the recorded 1/2/4-rank runs
+    # one cheap launch: the alpha-beta fit, and DDP's exposed all-reduce
+    # measured directly
+    measured = run_ranks(measure_on_ranks, nprocs=2)
+    cpu_check(measured[0])     # the model's exposed time against it
+    recorded_runs_check(link)  # ... and the recorded 1/2/4-rank runs
 """
 
 from __future__ import annotations

@@ -133,8 +133,8 @@ class TwoLayers(nn.Module):
         self, x: torch.Tensor, twice: bool = False, use_b: bool = True
     ) -> torch.Tensor:
         h = self.a(x)
-        # ``a`` again, inside a reentrant checkpoint: its backward is a backward of its
-        # own
+        # ``a`` again, inside a reentrant checkpoint: its backward is a backward of
+        # its own
         if twice:
             h = checkpoint(self.a, torch.relu(h), use_reentrant=True)
         return self.b(torch.relu(h)) if use_b else h.sum(1, keepdim=True)
@@ -237,8 +237,8 @@ def run_cases(report: str, names: list[str] | None = None) -> dict:
 def case_reference(
     world_size: int = 2, twice: bool = False, use_b: list[bool] | None = None
 ) -> list[torch.Tensor]:
-    """One process: each step's gradient of the mean of the ranks' losses (DDP's
-    average)."""
+    """One process: each step's gradient of the mean of the ranks' losses
+    (DDP's average)."""
     model = TwoLayers()
     grads = []
     for step, with_b in enumerate(use_b or [True] * 3):

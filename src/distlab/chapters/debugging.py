@@ -81,7 +81,8 @@ def join_group(timeout_s: float, reread_debug_env: bool) -> None:
 
 
 def backend_name() -> str:
-    """The class of the default group's CPU backend: under DETAIL, a checking wrapper."""
+    """The class of the default group's CPU backend: under DETAIL, a
+    checking wrapper."""
     pg = dist.distributed_c10d._get_default_group()
     return type(pg._get_backend(torch.device("cpu"))).__name__
 
@@ -89,7 +90,8 @@ def backend_name() -> str:
 def metrics_demo(
     report: str, timeout_s: float, reread_debug_env: bool, lockstep: bool
 ) -> dict:
-    """Rank 0 reduces (loss, grad norm), rank 1 (grad norm, loss): what does each log?"""
+    """Rank 0 reduces (loss, grad norm), rank 1 (grad norm, loss): what does
+    each log?"""
     join_group(timeout_s, reread_debug_env)
     try:
         rank = dist.get_rank()
@@ -123,7 +125,7 @@ def lockstep_cost(repeats: int = 100) -> dict:
     return times
 
 
-# ---------------------------------------------------------------- replicas that drift apart
+# ------------------------------------------------------------ replicas that drift apart
 class TwoBlocks(nn.Module):
     """Two same-shape layers whose order depends on the input, as in a routed model."""
 
@@ -142,8 +144,8 @@ class TwoBlocks(nn.Module):
 
 
 def replicas_demo(report: str, wrapper: str, steps: int = 3, lr: float = 0.1) -> dict:
-    """Train TwoBlocks under our HookDDP or torch's DDP, the ranks taking different
-    branches."""
+    """Train TwoBlocks under our HookDDP or torch's DDP, the ranks taking
+    different branches."""
     from distlab.scratch.ddp import HookDDP
 
     rank = dist.get_rank()
@@ -186,7 +188,8 @@ def class_counts(labels: torch.Tensor) -> torch.Tensor:
 
 
 def shapes_demo(report: str, timeout_s: float, reread_debug_env: bool) -> dict:
-    """Rank 0 has seen classes 0..7, rank 1 only 0..5: the two counts differ in length."""
+    """Rank 0 has seen classes 0..7, rank 1 only 0..5: the two counts differ
+    in length."""
     join_group(timeout_s, reread_debug_env)
     try:
         seen = {"debug_level": dist.get_debug_level().name, "backend": backend_name()}
@@ -247,7 +250,8 @@ def hung_job_demo(report: str, watchdog_s: float, stuck_s: float) -> dict:
 
 # ---------------------------------------------------------------- flight recorder
 def recorded_job_demo(report: str, stuck_s: float, steps: int = 3) -> dict:
-    """``steps`` good all-reduces; then rank 0 starts another that rank 1 never joins."""
+    """``steps`` good all-reduces; then rank 0 starts another that rank 1
+    never joins."""
     for _ in range(steps):
         dist.all_reduce(torch.ones(4, 4))
     if dist.get_rank() == 1:
@@ -261,15 +265,15 @@ def recorded_job_demo(report: str, stuck_s: float, steps: int = 3) -> dict:
 
 
 def nccl_recorder_demo(report: str) -> list:
-    """One GPU rank: a few NCCL all-reduces with the flight recorder on; its entries
-    back."""
+    """One GPU rank: a few NCCL all-reduces with the flight recorder on; its
+    entries back."""
     for size in (4, 1024, 4):
         dist.all_reduce(torch.ones(size, device="cuda"))
     torch.cuda.synchronize()
     return flight_recorder_entries()
 
 
-# ---------------------------------------------------------------- a job that never exits
+# --------------------------------------------------------------- a job that never exits
 def exit_demo(report: str, free_model_first: bool, peer_delay_s: float = 2.0) -> dict:
     """Rank 0 destroys its group while a gloo worker still owns a Python tensor.
 
@@ -320,8 +324,8 @@ def exit_demo(report: str, free_model_first: bool, peer_delay_s: float = 2.0) ->
     note(report, teardown_started=start)
     # --- begin exit order ---
     if free_model_first:
-        # the reducer lets go; the group is still registered, so nothing is destroyed
-        # yet
+        # the reducer lets go; the group is still registered, so nothing is
+        # destroyed yet
         del model
         # the last reference, dropped from Python: GIL released
         dist.destroy_process_group()

@@ -32,17 +32,19 @@ from distlab.infra.forked_torchrun import TORCHRUN, start_node
 # where in a save rank 0 waits; Checkpoints.save runs dcp.save, then writes
 # train_state.json and renames
 STALLS = {
-    # DCP's coordinator (rank 0) writes .metadata after every rank has written its shard
-    # file
+    # DCP's coordinator (rank 0) writes .metadata after every rank has written its
+    # shard file
     "before-metadata": "every rank's shard file written, .metadata not yet",
     # the DCP checkpoint is complete, but the folder still has its .partial name
-    "before-rename": "shards and .metadata written, train_state.json not yet, still .partial",
+    "before-rename": (
+        "shards and .metadata written, train_state.json not yet, still .partial"
+    ),
 }
 
 
 def stall_on(save_number: int, where: str, marker: Path) -> None:
-    """Make rank 0 wait, forever, at ``where`` in its ``save_number``-th checkpoint
-    save."""
+    """Make rank 0 wait, forever, at ``where`` in its ``save_number``-th
+    checkpoint save."""
     from torch.distributed.checkpoint import FileSystemWriter
 
     from distlab.checkpoint import Checkpoints
@@ -132,8 +134,8 @@ def torchrun_killing_a_rank(
     ``rank`` as soon as the path ``after`` exists (say, the first checkpoint). Returns
     torchrun's exit code and its output lines (each rank's without torchrun's
     ``[default0]:`` prefix), each with the seconds since the start; a ``KILLED`` line
-    marks the kill. Everything is killed if it has not finished after ``timeout``
-    seconds.
+    marks the kill. Everything is killed if it has not finished after
+    ``timeout`` seconds.
 
     torchrun forks its workers from itself and runs the script in them
     (``--start-method=fork --run-path``): the same agent, rendezvous, store and restarts
@@ -155,8 +157,8 @@ def torchrun_killing_a_rank(
         "--monitor-interval=0.1",
         "--start-method=fork",
         "--run-path",
-        # each rank's output into a file of its own (which names its rank), and on to
-        # ours
+        # each rank's output into a file of its own (which names its rank), and on
+        # to ours
         "--tee=3",
         f"--log-dir={logs}",
         str(script),

@@ -1,15 +1,14 @@
-"""Feeding the ranks: which samples each rank sees, how they get there, and their
-randomness.
+"""Feeding the ranks: which samples each rank sees, how they get there, and
+their randomness.
 
 Used by the chapter "Feeding the ranks" and checked by its tests:
 
 * ``DistributedSampler`` as it really behaves: ``sampler_epochs`` runs PyTorch's own
-  sampler
-  for every rank (``num_replicas`` and ``rank`` passed, no process group), and
-  ``expected_shards`` is the same rule written out by hand, to hold the two against each other.
+  sampler for every rank (``num_replicas`` and ``rank`` passed, no process group), and
+  ``expected_shards`` is the same rule written out by hand, to hold the two against
+  each other.
 * Two strategies for the book's token data, measured on real ranks: every rank cuts its
-  own
-  rows of the global batch (``own_shard``, as the labs do), or rank 0 scatters them.
+  own rows of the global batch (``own_shard``, as the labs do), or rank 0 scatters them.
 * Seeds per rank (``seeds_on_ranks``), DataLoader workers' seeds (``SeedProbe``) and an
   ``IterableDataset`` read by rank x worker (``samples_read``), run inside the ranks.
 """
@@ -60,8 +59,8 @@ def expected_layout(n: int, world_size: int, drop_last: bool) -> SamplerLayout:
 
 
 def epoch_order(n: int, epoch: int, shuffle: bool = True, seed: int = 0) -> list[int]:
-    """The order all ranks agree on before sharding: a permutation seeded by seed +
-    epoch."""
+    """The order all ranks agree on before sharding: a permutation seeded by seed
+    + epoch."""
     if not shuffle:
         return list(range(n))
     return torch.randperm(
@@ -95,8 +94,8 @@ def sampler_epochs(
     set_epoch: bool = True,
     seed: int = 0,
 ) -> list[list[list[int]]]:
-    """``[epoch][rank] -> indices`` from PyTorch's DistributedSampler, one sampler per
-    rank.
+    """``[epoch][rank] -> indices`` from PyTorch's DistributedSampler, one sampler
+    per rank.
 
     The samplers are made once and iterated once per epoch, as a training loop does;
     ``set_epoch=False`` is the loop that forgets to call ``sampler.set_epoch(epoch)``.
@@ -123,8 +122,8 @@ def sampler_epochs(
 
 
 def visit_counts(shards: list[list[int]], n: int) -> list[int]:
-    """How many times each of the ``n`` samples appears in one epoch, all ranks
-    together."""
+    """How many times each of the ``n`` samples appears in one epoch, all
+    ranks together."""
     counts = Counter(i for shard in shards for i in shard)
     return [counts[i] for i in range(n)]
 
@@ -155,8 +154,8 @@ def scatter_from_rank0(
     seed: int,
     device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank 0 builds the global batch and sends each rank its rows; only rank 0 needs
-    data."""
+    """Rank 0 builds the global batch and sends each rank its rows; only rank 0
+    needs data."""
     rank, world_size = rank_world()
     if global_batch % world_size:
         raise ValueError(
@@ -243,8 +242,8 @@ def time_strategies(
 
 # --------------------------------------------------------------- mp.spawn, watched
 def try_spawn(fn, args: tuple = (), nprocs: int = 2, timeout: float = 60.0) -> str:
-    """``mp.spawn(fn, args, nprocs)`` with a deadline; ``"ok"`` or the error, in one
-    line.
+    """``mp.spawn(fn, args, nprocs)`` with a deadline; ``"ok"`` or the error, in
+    one line.
 
     The children's tracebacks (they write to the inherited stderr) are captured, and the
     last line of them is returned with the parent's exception.
@@ -276,7 +275,7 @@ def try_spawn(fn, args: tuple = (), nprocs: int = 2, timeout: float = 60.0) -> s
             os.close(saved)
 
 
-# --------------------------------------------------------------- seeds, workers, sharding
+# ------------------------------------------------------------- seeds, workers, sharding
 def _gather(t: torch.Tensor) -> torch.Tensor:
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t.contiguous())
@@ -293,8 +292,8 @@ def seeds_on_ranks(seed: int = 0, trials: int = 100) -> dict:
     rank, world_size = rank_world()
     # the mistake: a per-rank seed before the model is built
     torch.manual_seed(seed + rank)
-    # dropout before the ReLU: its input is never exactly 0, so ``out != 0`` is the mask
-    # itself
+    # dropout before the ReLU: its input is never exactly 0, so ``out != 0`` is the
+    # mask itself
     model = torch.nn.Sequential(
         torch.nn.Linear(16, 64),
         torch.nn.Dropout(0.5),

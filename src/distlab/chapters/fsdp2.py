@@ -1,16 +1,22 @@
-"""Look inside FSDP2 on our GPT: shards, collectives, dtypes, memory and speed, per
-rank.
+"""Look inside FSDP2 on our GPT: shards, collectives, dtypes, memory and speed,
+per rank.
 
 Every function here runs on each rank of a process group (through
 ``distlab.infra.launch.run_ranks``) and returns plain Python data for the FSDP2 chapter
 and ``distlab.bench.fsdp``:
 
-    run_ranks(shard_table, nprocs=2)                  # each parameter's global and local shape
-    run_ranks(step_trace, nprocs=2, args=("tiny",))   # FSDP2's own profiler ranges, one step
-    run_ranks(resharding, nprocs=2)                   # which units stay whole; collectives counted
-    run_ranks(op_dtypes, nprocs=2)                    # the dtype each op ran in under the policy
-    run_ranks(different_seeds, nprocs=2)              # the pitfall: a model stitched from two builds
-    run_ranks(train, nprocs=2, args=("fsdp2",))       # losses, bytes per rank, tokens/s
+    # each parameter's global and local shape
+    run_ranks(shard_table, nprocs=2)
+    # FSDP2's own profiler ranges, one step
+    run_ranks(step_trace, nprocs=2, args=("tiny",))
+    # which units stay whole; collectives counted
+    run_ranks(resharding, nprocs=2)
+    # the dtype each op ran in under the policy
+    run_ranks(op_dtypes, nprocs=2)
+    # the pitfall: a model stitched from two builds
+    run_ranks(different_seeds, nprocs=2)
+    # losses, bytes per rank, tokens/s
+    run_ranks(train, nprocs=2, args=("fsdp2",))
 
 Strategies (``STRATEGIES``, names from ``distlab.infra.experiment``): ``single``,
 ``ddp``, ``fsdp2``, ``fsdp2-no-reshard``, ``fsdp2-bf16`` and ``hsdp``.
@@ -37,8 +43,8 @@ STRATEGIES = ("single", "ddp", "fsdp2", "fsdp2-no-reshard", "fsdp2-bf16", "hsdp"
 
 
 def shard_table(preset_name: str = "tiny", strategy: str = "fsdp2") -> list[dict]:
-    """For each parameter: its name, global shape, this rank's local shape and
-    placements."""
+    """For each parameter: its name, global shape, this rank's local shape
+    and placements."""
     model = build(strategy, preset_name).model
     return [
         {
@@ -62,8 +68,8 @@ def train(
 ) -> dict:
     """``experiment.train``: global mean losses, step times, ``state_bytes`` per rank
     (counted from the tensors after the first step); and ``peak``: with ``track_peak``,
-    the peak bytes PyTorch's memory tracker saw during the last step, by kind (else
-    None)."""
+    the peak bytes PyTorch's memory tracker saw during the last step, by kind
+    (else None)."""
     peak: dict[str, int] = {}
 
     def track_the_last_step(exp, step):
@@ -85,8 +91,8 @@ def train(
 
 @contextlib.contextmanager
 def _peak_bytes(model, optimizer, strategy: str, into: dict):
-    """Peak bytes by kind during the block, from PyTorch's (private, CPU-capable) memory
-    trackers."""
+    """Peak bytes by kind during the block, from PyTorch's (private, CPU-capable)
+    memory trackers."""
     if strategy.startswith("fsdp2") or strategy == "hsdp":
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker as Tracker
     else:
@@ -143,8 +149,8 @@ def resharding(
     """``fully_shard`` with ``reshard_after_forward=blocks`` on each block and ``root``
     on the root (None: left unset). Returns which units hold whole parameters right
     after forward, their bytes, and the all-gathers and reduce-scatters of one step's
-    forward and backward, counted by torch's ``CommDebugMode`` (the step after a warm-up
-    step)."""
+    forward and backward, counted by torch's ``CommDebugMode`` (the step after a
+    warm-up step)."""
     import warnings
 
     from torch.distributed.fsdp import fully_shard
@@ -166,8 +172,8 @@ def resharding(
         warnings.simplefilter("ignore")
         with CommDebugMode() as forward:
             loss = model(x, y)[1]
-        # a unit that kept its parameters whole shows plain tensors now, not DTensor
-        # shards
+        # a unit that kept its parameters whole shows plain tensors now, not
+        # DTensor shards
         whole = {}
         for name, p in model.named_parameters():
             unit = (

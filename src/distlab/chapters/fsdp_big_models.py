@@ -6,11 +6,12 @@ Everything runs on every rank of one ``observe`` launch (``tour``), since one de
 clip that only rank 0 calls) fails on purpose and must come back as a caught error:
 
     outcome = observe(tour, nprocs=2, pg_timeout=60)
-    outcome.results[rank]["load"]["peak"]      # bytes this rank held while the full dict was loaded
+    # bytes this rank held while the full dict was loaded
+    outcome.results[rank]["load"]["peak"]
 
 Collectives are counted with ``CommDebugMode`` (``torch.distributed.tensor.debug``),
-bytes with PyTorch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``, private,
-CPU-capable).
+bytes with PyTorch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``,
+private, CPU-capable).
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ def global_rows(param: torch.Tensor) -> tuple[int, int]:
 
 def fill_rows_(local: torch.Tensor, first_row: int, key: int, std: float) -> None:
     """Row i of the whole parameter from a generator seeded by (key, i) alone: the
-    values do not depend on how the rows are split over ranks, nor on what was drawn
-    before."""
+    values do not depend on how the rows are split over ranks, nor on what was
+    drawn before."""
     for i in range(local.shape[0]):
         gen = torch.Generator().manual_seed((key * 1_000_003 + first_row + i) % 2**63)
         local[i] = torch.randn(local.shape[1:], generator=gen) * std
@@ -237,7 +238,8 @@ def save_full(model: GPT, preset_name: str = "tiny") -> dict:
 
 
 def load_check(model: GPT, preset_name: str = "tiny") -> dict:
-    """Every parameter (gathered) and one forward's loss, against the one-process model."""
+    """Every parameter (gathered) and one forward's loss, against the
+    one-process model."""
     rank, world_size = rank_world()
     reference = gpt(preset_name, SEED)
     params = max(

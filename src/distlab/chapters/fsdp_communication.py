@@ -4,9 +4,12 @@ Every function runs on each rank of a process group
 (``distlab.infra.launch.run_ranks``), on the tiny GPT, and returns plain data for
 ``book/fsdp_communication.md``:
 
-    run_ranks(volumes, nprocs=4)        # one step of each VARIANT: collectives, bytes, socket bytes
-    run_ranks(switches, nprocs=4)       # 4 micro-batches under each FSDP2 switch (SWITCHES)
-    run_ranks(measure, nprocs=4)        # both, in one launch (the page and the tests)
+    # one step of each VARIANT: collectives, bytes, socket bytes
+    run_ranks(volumes, nprocs=4)
+    # 4 micro-batches under each FSDP2 switch (SWITCHES)
+    run_ranks(switches, nprocs=4)
+    # both, in one launch (the page and the tests)
+    run_ranks(measure, nprocs=4)
 
 The collectives are counted by ``distlab.tools.collective_bytes.CollectiveBytes`` (the
 tensor bytes each c10d op was handed, and its group), and what the rank really wrote to
@@ -27,17 +30,22 @@ from distlab.tools.collective_bytes import CollectiveBytes, socket_bytes_written
 VARIANTS = {
     "ddp": "DDP: all-reduce of the gradients",
     "zero1": "DDP + ZeroRedundancyOptimizer (ZeRO-1)",
-    "fsdp2 reshard=True": "fully_shard(reshard_after_forward=True) on every unit, the root included",
-    "fsdp2 reshard=False": "fully_shard(reshard_after_forward=False): kept gathered to backward",
-    "fsdp2 reshard=2": "fully_shard(reshard_after_forward=2): resharded to groups of 2 after "
-    "forward",
+    "fsdp2 reshard=True": (
+        "fully_shard(reshard_after_forward=True) on every unit, the root included"
+    ),
+    "fsdp2 reshard=False": (
+        "fully_shard(reshard_after_forward=False): kept gathered to backward"
+    ),
+    "fsdp2 reshard=2": (
+        "fully_shard(reshard_after_forward=2): resharded to groups of 2 after forward"
+    ),
     "hsdp (2, 2)": "fully_shard(mesh=(replicate 2, shard 2))",
 }
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
-    """Psi: the bytes of the model's parameters, whole (a DTensor counts its global
-    shape)."""
+    """Psi: the bytes of the model's parameters, whole (a DTensor counts its
+    global shape)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
@@ -236,6 +244,6 @@ def switches() -> dict[str, dict]:
 
 
 def measure() -> tuple[dict, dict]:
-    """``volumes()`` and ``switches()`` in one launch: each launch costs seconds of
-    imports."""
+    """``volumes()`` and ``switches()`` in one launch: each launch costs seconds
+    of imports."""
     return volumes(), switches()

@@ -183,8 +183,8 @@ def compiled_code_entries() -> dict[str, int]:
 
 
 def run_order(name: str, steps: int = STEPS) -> dict:
-    """Build the tiny GPT, apply ``ORDERS[name]`` and train ``steps`` steps on every
-    rank."""
+    """Build the tiny GPT, apply ``ORDERS[name]`` and train ``steps`` steps on
+    every rank."""
 
     def apply(model: GPT, backend) -> nn.Module:
         for step_fn in ORDERS[name]:
@@ -252,8 +252,8 @@ def train_with(apply: Callable[[GPT, Recorder], nn.Module], steps: int = STEPS) 
 
 
 def _explanation(reason: str) -> str:
-    """The explanation of a frame Dynamo gave up on, up to its first full stop after
-    "eager"."""
+    """The explanation of a frame Dynamo gave up on, up to its first full stop
+    after "eager"."""
     line = next(line for line in reason.splitlines() if "Skipping the frame" in line)
     return line.strip().removeprefix("Explanation: ").split(", as ")[0]
 

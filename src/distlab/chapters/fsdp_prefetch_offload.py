@@ -1,8 +1,10 @@
 """FSDP2's prefetching and CPU offload, run and measured on gloo ranks, for
 ``book/fsdp_prefetch_offload.md``.
 
-    ranks = run_ranks(measure, nprocs=2)   # every prefetch setting's timeline, and the offload tour, one launch
-    timeline_figure(ranks[0]["prefetch"])  # gathered bytes operator by operator, one panel per setting
+    # every prefetch setting's timeline, and the offload tour, one launch
+    ranks = run_ranks(measure, nprocs=2)
+    # gathered bytes operator by operator, one panel per setting
+    timeline_figure(ranks[0]["prefetch"])
 
 ``prefetch_timelines`` runs one forward and backward of a 6-block tiny GPT under each of
 SETTINGS, recorded by ``distlab.tools.fsdp_timeline.GatheredTimeline``. ``offload``
@@ -89,8 +91,8 @@ def unit_bytes(model) -> dict[str, int]:
 
 
 def summarise(timeline, sizes: dict[str, int], loss: float) -> dict:
-    """What the page shows of one timeline: bytes per operator, the all-gathers, the
-    peak."""
+    """What the page shows of one timeline: bytes per operator, the all-gathers,
+    the peak."""
     index, top = peak(timeline.samples)
     leads = gather_leads(timeline)
     for row, g in zip(leads, timeline.gathers):
@@ -117,8 +119,8 @@ def summarise(timeline, sizes: dict[str, int], loss: float) -> dict:
 
 
 def prefetch_timelines(settings: dict = SETTINGS) -> dict[str, dict]:
-    """Every setting's summarised timeline on this rank, the same batch and weights for
-    all."""
+    """Every setting's summarised timeline on this rank, the same batch and weights
+    for all."""
     rank, world = rank_world()
     cfg = tiny_blocks()
     x, y = token_data().batch("train", 0, 2 * world, cfg.block_size, 0, rank, world)
@@ -134,8 +136,8 @@ def prefetch_timelines(settings: dict = SETTINGS) -> dict[str, dict]:
 
 # --- begin offload ---
 def shard_tiny(offload_policy=None):
-    """The tiny GPT sharded block by block, then the root, with or without an offload
-    policy."""
+    """The tiny GPT sharded block by block, then the root, with or without an
+    offload policy."""
     return apply_fsdp(GPT(tiny_blocks(2)), offload_policy=offload_policy)
 
 
@@ -149,8 +151,8 @@ def where_things_live(model, optimizer) -> dict[str, str]:
     fsdp_param = model._get_fsdp_state()._fsdp_param_groups[0].fsdp_params[0]
     state = optimizer.state[p]
     return {
-        "sharded parameter (DTensor)": f"{p.device}; its local shard: {p.to_local().device}"
-        f"{', pinned' if p.to_local().is_pinned() else ''}",
+        "sharded parameter (DTensor)": f"{p.device}; its local shard: "
+        f"{p.to_local().device}{', pinned' if p.to_local().is_pinned() else ''}",
         "gathered to (FSDPParam.device)": str(fsdp_param.device),
         "offload_to_cpu": str(fsdp_param.offload_to_cpu),
         "sharded gradient": str(p.grad.to_local().device)

@@ -3,10 +3,14 @@
 GPT and on a second model, and what its event trace and FSDP2's own state say about
 which units are gathered when.
 
-    run_ranks(compare, nprocs=2, args=(10,))     # the GPT: each variant's losses, state bytes, trace
-    train("single", steps=10)                    # the one-process reference (distlab.infra.experiment)
-    run_ranks(second_model, nprocs=2, args=(5,)) # a conv net with its own block class, fp32 and bf16
-    run_ranks(gathered_units, nprocs=2)          # which units are gathered in each block's fwd and bwd
+    # the GPT: each variant's losses, state bytes, trace
+    run_ranks(compare, nprocs=2, args=(10,))
+    # the one-process reference (distlab.infra.experiment)
+    train("single", steps=10)
+    # a conv net with its own block class, fp32 and bf16
+    run_ranks(second_model, nprocs=2, args=(5,))
+    # which units are gathered in each block's fwd and bwd
+    run_ranks(gathered_units, nprocs=2)
 """
 
 from __future__ import annotations
@@ -185,8 +189,8 @@ def second_model(steps: int = 5, global_batch: int = 16, lr: float = 1e-2) -> di
                 total /= n
             losses.append(total.item())
         out[variant] = {"losses": losses, "grads": first_grads}
-    # the one-process model's parameter order, and unit_parameters' order, line up the
-    # gradients
+    # the one-process model's parameter order, and unit_parameters' order, line up
+    # the gradients
     reference = ConvNet()
     order = [
         p for _, _, slots in unit_parameters(reference, {ConvBlock}) for p in slots
@@ -208,8 +212,8 @@ def gathered_units(n_layer: int = 4) -> dict[str, list[tuple[str, dict[str, str]
     """On every rank: a GPT of ``n_layer`` tiny blocks, sharded from scratch and by
     FSDP2. In the middle of each block's forward and of its backward, the state of every
     unit: "gathered" (its full parameters exist), "all-gathered, waiting" (FSDP2 holds
-    the all-gather's result, not yet copied out into the parameters: a prefetch) or
-    "sharded"."""
+    the all-gather's result, not yet copied out into the parameters: a prefetch)
+    or "sharded"."""
     from distlab.data import token_data
     from distlab.parallel import apply_fsdp
 

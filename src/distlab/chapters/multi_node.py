@@ -2,8 +2,10 @@
 
     port = free_port()  # distlab.infra.ports
     node = torchrun_command(["src/labs/lab2_ddp.py", "--steps", "5"], nnodes=2,
-                            nproc_per_node=1, endpoint=f"127.0.0.1:{port}", run_id="demo")
-    a, b = run_nodes([node, node], timeout=120, env={"OMP_NUM_THREADS": "1"})  # as on two machines
+                            nproc_per_node=1, endpoint=f"127.0.0.1:{port}",
+                            run_id="demo")
+    # as on two machines
+    a, b = run_nodes([node, node], timeout=120, env={"OMP_NUM_THREADS": "1"})
     print(a.returncode, b.returncode, a.seconds)
 
 On a cluster every machine runs the same ``torchrun --nnodes=K ...`` command and the K
@@ -81,7 +83,8 @@ class Node:
     seconds: float  # from its start to its exit
 
     def last_line(self) -> str:
-        """The last non-empty line of stderr: where torchrun and Python put the cause."""
+        """The last non-empty line of stderr: where torchrun and Python put
+        the cause."""
         lines = [line for line in self.stderr.splitlines() if line.strip()]
         return lines[-1] if lines else ""
 
@@ -114,8 +117,8 @@ def torchrun_command(
 
 
 def shell(command: list[str]) -> str:
-    """A command as a person would type it: ``torchrun``, paths relative to the
-    repository."""
+    """A command as a person would type it: ``torchrun``, paths relative to
+    the repository."""
     if command[: len(TORCHRUN)] == TORCHRUN:
         command = ["torchrun", *command[len(TORCHRUN) :]]
     return shlex.join(command).replace(f"{REPO_ROOT}/", "")
@@ -238,8 +241,8 @@ def run_nodes(
             )
             # files, not pipes: no pipe fills up
             outs[-1][1].touch(), outs[-1][2].touch()
-            # a session of its own (its process group is not ours: a timeout can kill it
-            # whole)
+            # a session of its own (its process group is not ours: a timeout can kill
+            # it whole)
             procs[i] = start_node(commands[i], *outs[-1][1:], env=env, cwd=cwd)
             starts[i] = time.monotonic()
         ends = [None] * len(procs)
@@ -307,8 +310,8 @@ def run_sbatch_emulated(
     script: str | os.PathLike = SBATCH_SCRIPT,
     check_port: bool = True,
 ) -> Node:
-    """Run a batch script as ``sbatch script *args`` would, on emulated nodes of this
-    machine.
+    """Run a batch script as ``sbatch script *args`` would, on emulated nodes of
+    this machine.
 
     Emulated: sbatch (this function sets the variables SLURM gives a batch job, with the
     node count and CPUs per task read from the script's ``#SBATCH`` lines, and runs the
@@ -348,8 +351,8 @@ def run_sbatch_emulated(
 
 # ---------------------------------------------------------------- the worker
 def report() -> dict:
-    """What this worker was told by torchrun, and whether MASTER_ADDR:MASTER_PORT
-    answers."""
+    """What this worker was told by torchrun, and whether
+    MASTER_ADDR:MASTER_PORT answers."""
     seen = {key: os.environ.get(key) for key in WORKER_ENV}
     addr, port = seen["MASTER_ADDR"], int(seen["MASTER_PORT"] or 0)
     try:

@@ -1,10 +1,10 @@
 """The planner chapter's experiments: the planner's predictions against published runs,
-how they move with the network no publication states, and the predicted-against-measured
-picture.
+how they move with the network no publication states, and the
+predicted-against-measured picture.
 
 Nothing here runs ranks: the planner is arithmetic, and what it is checked against is
-recorded (``results/``) or published (``distlab.tools.published_runs``, each with its
-source).
+recorded (``results/``) or published (``distlab.tools.published_runs``, each with
+its source).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ CHECKED_RUNS = PUBLISHED_RUNS + EAGER_H100
 
 
 def shape_of(run: dict) -> ModelShape:
-    """The planner's shape whose sizes are the run's (checked field by field, not by
-    name)."""
+    """The planner's shape whose sizes are the run's (checked field by field, not
+    by name)."""
     m = run["model"]
     fields = ("n_layer", "d_model", "n_head", "n_kv_head", "ffn_hidden", "vocab_size")
     for s in SHAPES.values():
@@ -78,8 +78,8 @@ def setup(run: dict, network: str | None = None) -> tuple[ModelShape, object, Pl
 
 
 def published_rows() -> list[dict]:
-    """Prediction against publication for every run, with the error and what was
-    assumed."""
+    """Prediction against publication for every run, with the error and what
+    was assumed."""
     rows = []
     for run in CHECKED_RUNS:
         shape, cluster, plan = setup(run)
@@ -112,8 +112,8 @@ def published_rows() -> list[dict]:
 
 def network_sweep(gbits=(50, 100, 200, 400, 800)) -> dict[str, list[float]]:
     """Predicted tokens/s per GPU of the runs that state no network, for each per-GPU
-    network bandwidth (Gb/s, one NIC per GPU): how much the one unstated input moves the
-    prediction."""
+    network bandwidth (Gb/s, one NIC per GPU): how much the one unstated input moves
+    the prediction."""
     out = {}
     for run in PUBLISHED_RUNS:
         if run["network"]:

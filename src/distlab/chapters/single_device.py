@@ -4,13 +4,13 @@ picked, fused against the default AdamW, FLOPs counted by PyTorch against ours, 
 machine's matmul peaks and instruction sets, and lab 1's tokens/s and MFU as the book's
 benchmark recorded them.
 
-    parameter_table()                        # formula == PyTorch's count, per preset
+    parameter_table()  # formula == PyTorch's count, per preset
     model_state_after_one_step(preset("tiny"))
-    activation_table(batch=16)               # saved-for-backward bytes: formula, fp32, bf16
-    attention_kernel(preset("tiny"), torch.float32)   # the SDPA kernel autograd recorded
-    adamw_step_seconds(preset("tiny"))       # one optimizer step: the default and fused
+    activation_table(batch=16)  # saved-for-backward bytes: formula, fp32, bf16
+    attention_kernel(preset("tiny"), torch.float32)  # the SDPA kernel autograd recorded
+    adamw_step_seconds(preset("tiny"))  # one optimizer step: the default and fused
     counted_flops_per_token(preset("tiny"), math_attention=True)
-    recorded_lab1()                          # lab 1's recorded run per dtype, with its provenance
+    recorded_lab1()  # lab 1's recorded run per dtype, with its provenance
 
 Everything runs in one process. Lab 1's runs at batch 16 take minutes of CPU, too long
 for every build: ``python -m distlab.bench`` records them (``RECORDED_LAB1``), and the
@@ -48,7 +48,8 @@ MB = 1e6
 # lab 1 on the shakespeare preset at batch 16, 6 steps, 3 repeats (the median run kept),
 # per dtype, as python -m distlab.bench recorded it: fp32 in the benchmark of every lab
 # (the Benchmarks chapter's), bf16 by
-#   python -m distlab.bench --labs 1 --ranks 1 --preset shakespeare --batch-size 16 --steps 6 --repeats 3 --dtype bf16
+#   python -m distlab.bench --labs 1 --ranks 1 --preset shakespeare --batch-size 16 \
+#       --steps 6 --repeats 3 --dtype bf16
 RECORDED_LAB1 = {
     dtype: RESULTS_DIR / "bench" / f"cpu_shakespeare_{dtype}.json"
     for dtype in ("fp32", "bf16")
@@ -81,8 +82,8 @@ def model_state_after_one_step(
     cfg: GPTConfig, seed: int = 0
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Bytes of parameters, gradients and AdamW state counted from the tensors after one
-    real step (AdamW creates its state lazily, on the first step), and what the formula
-    says."""
+    real step (AdamW creates its state lazily, on the first step), and what the
+    formula says."""
     torch.manual_seed(seed)
     model = GPT(cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -153,8 +154,8 @@ def memory_figure(state: dict[str, int], activations: int, batch: int, title: st
 
 def attention_kernel(cfg: GPTConfig, dtype: torch.dtype, batch: int = 2) -> str:
     """The kernel ``scaled_dot_product_attention`` ran for this model's attention
-    shapes, named by the backward node autograd recorded for it (one node type per
-    kernel)."""
+    shapes, named by the backward node autograd recorded for it (one node type
+    per kernel)."""
     q, k, v = torch.randn(
         3, batch, cfg.n_head, cfg.block_size, cfg.n_embd // cfg.n_head, dtype=dtype
     )
@@ -186,15 +187,17 @@ def adamw_step_seconds(cfg: GPTConfig, repeats: int = 5) -> dict[str, float]:
     return {kind: statistics.median(t) for kind, t in times.items()}
 
 
-# what each instruction-set flag of /proc/cpuinfo (distlab.flops.ISA_FLAGS) means for a
-# matmul
+# what each instruction-set flag of /proc/cpuinfo (distlab.flops.ISA_FLAGS) means for
+# a matmul
 ISA_MEANING = {
     "avx2": "256-bit vectors",
     "fma": "fused multiply-add: a multiply and an add in one instruction",
     "avx512f": "512-bit vectors: twice AVX2's fp32 multiply-adds per instruction",
     "avx512_vnni": "int8/int16 dot products (quantised inference)",
-    "avx512_bf16": "bf16 dot products accumulated in fp32: twice the fp32 multiply-adds per "
-    "instruction",
+    "avx512_bf16": (
+        "bf16 dot products accumulated in fp32: twice the fp32 multiply-adds per "
+        "instruction"
+    ),
     "avx512_fp16": "fp16 arithmetic on 512-bit vectors",
     "amx_tile": "AMX tile registers (Intel Sapphire Rapids and later)",
     "amx_bf16": "AMX bf16 tile matrix multiply: far beyond the vector units",
@@ -204,8 +207,8 @@ ISA_MEANING = {
 def counted_flops_per_token(cfg: GPTConfig, math_attention: bool) -> float:
     """FLOPs of one training step (forward and backward) per token, as PyTorch's
     ``FlopCounterMode`` counts them. It has no formula for the fused CPU attention
-    kernel, so attention is counted only when it runs on the math backend (plain batched
-    matmuls)."""
+    kernel, so attention is counted only when it runs on the math backend (plain
+    batched matmuls)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 

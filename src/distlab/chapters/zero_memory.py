@@ -3,9 +3,11 @@
 bytes counted on real DDP and FSDP2 ranks, and against activations saved with and
 without checkpointing; and the page's figures.
 
-    paper_table_1()                                # every cell: ours, printed, how they agree
+    # every cell: ours, printed, how they agree
+    paper_table_1()
     measured = {n: run_ranks(measure_one_step, nprocs=n) for n in (2, 4)}
-    measured_rows(measured)                        # counted == exact prediction, vs the calculator
+    # counted == exact prediction, vs the calculator
+    measured_rows(measured)
     activation_rows([("tiny", 8), ("shakespeare", 2)])
 """
 
@@ -68,8 +70,8 @@ def paper_table_1() -> list[dict]:
 
 
 def reduction(strategy: str, n: int, dtype: str) -> float:
-    """Model-state bytes per rank under DDP over those under ``strategy`` on ``n`` ranks
-    (AdamW)."""
+    """Model-state bytes per rank under DDP over those under ``strategy`` on ``n``
+    ranks (AdamW)."""
     return (
         per_rank_bytes(1.0, 1, dtype)["total"]
         / per_rank_bytes(1.0, n, dtype, "adamw", strategy)["total"]
@@ -215,8 +217,8 @@ def measured_rows(measured: dict[int, list[dict]]) -> list[dict]:
 
 def activation_rows(cases: list[tuple[str, int]]) -> list[dict]:
     """For each (preset, batch) at full context: bytes saved for backward without and
-    with every block checkpointed, counted with a pack hook, and the calculator's
-    formula."""
+    with every block checkpointed, counted with a pack hook, and the
+    calculator's formula."""
     rows = []
     for name, batch in cases:
         cfg = preset(name)
@@ -319,7 +321,8 @@ def fsdp2_gathered(n_layer: int = 4, global_batch: int = 4) -> dict[str, dict]:
                     )
                 # prefetched: gathered, not yet copied out
                 elif g._all_gather_result is not None:
-                    held += g._all_gather_result.all_gather_output.untyped_storage().nbytes()
+                    gathered = g._all_gather_result.all_gather_output
+                    held += gathered.untyped_storage().nbytes()
             return held
 
         samples: list[int] = []
@@ -343,8 +346,8 @@ def breakdown_figure(
     model: str, ranks: int, micro_batch: int, seq_len: int, dtype: str = "bf16_mixed"
 ):
     """Bytes per rank by part under each ZeRO stage, and ZeRO-3 with activation
-    checkpointing, as the calculator estimates them; the estimates come back with the
-    figure."""
+    checkpointing, as the calculator estimates them; the estimates come back with
+    the figure."""
     import matplotlib.pyplot as plt
 
     colors = {

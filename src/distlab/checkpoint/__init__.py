@@ -1,11 +1,14 @@
-"""Checkpoints for labs 1-5: save, resume on any number of ranks, convert to one plain
-file.
+"""Checkpoints for labs 1-5: save, resume on any number of ranks, convert to one
+plain file.
 
-    checkpoints.py  Checkpoints: save every --checkpoint-every steps, resume with --resume (DCP)
-    state.py        TrainingState, what DCP saves: model, optimizer, each rank's RNG; MUST_MATCH
-    folders.py      the step_NNNNNN folders: finished, latest, resume_point, prune, inspect_checkpoint
-    plain.py        save_plain_weights (model.pt, CPU tensors), load_plain_weights (every lab's --init-from)
-                    and to_plain (checkpoint -> model.pt)
+    checkpoints.py  Checkpoints: save every --checkpoint-every steps, resume with
+                    --resume (DCP)
+    state.py        TrainingState, what DCP saves: model, optimizer, each rank's RNG;
+                    MUST_MATCH
+    folders.py      the step_NNNNNN folders: finished, latest, resume_point, prune,
+                    inspect_checkpoint
+    plain.py        save_plain_weights (model.pt, CPU tensors), load_plain_weights
+                    (every lab's --init-from) and to_plain (checkpoint -> model.pt)
     __main__.py     python -m distlab.checkpoint to-plain CHECKPOINT OUT.pt
 
 torch.distributed.checkpoint (DCP) is imported inside the functions that use it: every

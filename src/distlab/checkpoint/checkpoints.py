@@ -1,13 +1,14 @@
-"""``Checkpoints``: save a run every ``--checkpoint-every`` steps and resume it with
-``--resume``.
+"""``Checkpoints``: save a run every ``--checkpoint-every`` steps and resume it
+with ``--resume``.
 
 In a training script (labs 1-5 have exactly these lines; everything else lives here):
 
-    checkpoints = Checkpoints(cfg, model, optimizer)  # after any wrapper (DDP, fully_shard) and the optimizer
-    start_step = checkpoints.resume()                 # 0, or where the --resume checkpoint stopped
+    # after any wrapper (DDP, fully_shard) and the optimizer
+    checkpoints = Checkpoints(cfg, model, optimizer)
+    start_step = checkpoints.resume()     # 0, or where the --resume checkpoint stopped
     for step in range(start_step, cfg.steps):
-        ...                                           # one optimizer step
-        checkpoints.maybe_save(step)                  # every --checkpoint-every steps
+        ...                               # one optimizer step
+        checkpoints.maybe_save(step)      # every --checkpoint-every steps
 
 ``--resume latest`` insists on a checkpoint; ``--resume auto`` takes the latest one if
 there is one and starts at step 0 if not, so the same command serves the first start and
@@ -19,10 +20,13 @@ A checkpoint is a folder that ``torch.distributed.checkpoint`` (DCP) wrote, plus
 JSON file:
 
     step_000200/             the state after 200 optimizer steps: step 200 runs next
-        __0_0.distcp, ...    rank r's own shards, written by rank r, all ranks at once (a
-                             DDP replica is written once, by one rank; RNG states by each)
-        .metadata            which region of which global tensor lies where (rank 0, last)
-        train_state.json     the step, and the config that fixes the LR schedule and the data
+        __0_0.distcp, ...    rank r's own shards, written by rank r, all ranks at once
+                             (a DDP replica is written once, by one rank; RNG states
+                             by each)
+        .metadata            which region of which global tensor lies where (rank 0,
+                             last)
+        train_state.json     the step, and the config that fixes the LR schedule and
+                             the data
 
 Only resume from checkpoints you trust: DCP's ``.metadata`` (and the optimizer's hyper-
 parameters inside the shards) are Python pickles.
@@ -67,8 +71,8 @@ def _barrier_if_grouped() -> None:
 
 
 class Checkpoints:
-    """Saves a run to ``OUT/checkpoints/step_NNNNNN`` and resumes one (see the module
-    doc)."""
+    """Saves a run to ``OUT/checkpoints/step_NNNNNN`` and resumes one (see the
+    module doc)."""
 
     def __init__(self, cfg, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.cfg, self.model, self.optimizer = cfg, model, optimizer
@@ -78,8 +82,8 @@ class Checkpoints:
 
     # --- begin save ---
     def maybe_save(self, step: int) -> None:
-        """Call after optimizer step ``step``; saves every ``cfg.checkpoint_every``
-        steps."""
+        """Call after optimizer step ``step``; saves every
+        ``cfg.checkpoint_every`` steps."""
         if (
             self.cfg.checkpoint_every > 0
             and (step + 1) % self.cfg.checkpoint_every == 0
@@ -100,8 +104,8 @@ class Checkpoints:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
         _barrier_if_grouped()
-        # returns on every rank after rank 0 has gathered the ranks' write results into
-        # .metadata
+        # returns on every rank after rank 0 has gathered the ranks' write results
+        # into .metadata
         with one_process_is_meant():
             dcp.save(
                 {"app": TrainingState(self.model, self.optimizer, self.rank)},
@@ -136,8 +140,8 @@ class Checkpoints:
         return {
             "step": steps_done,  # optimizer steps done, so the step that runs next
             "world_size": self.world_size,
-            # lr_at(step) is a pure function of these, so restoring `step` restores the
-            # schedule
+            # lr_at(step) is a pure function of these, so restoring `step` restores
+            # the schedule
             "lr_schedule": {
                 "lr": cfg.lr,
                 "min_lr": cfg.min_lr,

@@ -82,8 +82,8 @@ def resume_point(
     holds: tuple[str, ...] = (METADATA, STATE_FILE),
 ) -> Path | None:
     """The checkpoint ``--resume`` names: a folder, ``latest`` (there must be one) or
-    ``auto`` (the latest if there is one, else None: start at step 0). None for an empty
-    ``resume``."""
+    ``auto`` (the latest if there is one, else None: start at step 0). None for an
+    empty ``resume``."""
     if not resume:
         return None
     if resume in ("latest", "auto"):

@@ -65,8 +65,8 @@ def load_plain_weights(model: torch.nn.Module, path: str | Path) -> None:
 
 def to_plain(checkpoint: str | Path, out: str | Path) -> dict[str, torch.Tensor]:
     """Gather a checkpoint's model into one plain state dict in this one process, check
-    that it loads into the plain GPT, and save it to ``out``. Optimizer and RNG are left
-    behind."""
+    that it loads into the plain GPT, and save it to ``out``. Optimizer and RNG are
+    left behind."""
     import torch.distributed.checkpoint as dcp
 
     from distlab.model import GPT, preset

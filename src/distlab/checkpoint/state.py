@@ -1,6 +1,6 @@
 """What a checkpoint holds: ``TrainingState`` (model, optimizer, each rank's RNG) for
-DCP, the config fields a resumed run must share with the saved one, and the shared error
-helpers."""
+DCP, the config fields a resumed run must share with the saved one, and the shared
+error helpers."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ MUST_MATCH = (
 
 
 def error_line(err: BaseException) -> str:
-    """``Type: first sentence`` of an error; for DCP's, the first failing rank's own
-    error."""
+    """``Type: first sentence`` of an error; for DCP's, the first failing rank's
+    own error."""
     # DCP's CheckpointException: {rank: (error, traceback)}
     if getattr(err, "failures", None):
         rank, (inner, _) = min(err.failures.items())
@@ -41,8 +41,8 @@ def error_line(err: BaseException) -> str:
 
 
 def shape_mismatches(there: dict, here: dict, where: tuple[str, str]) -> str:
-    """'' if both map the same names to the same shapes, else the first differences, in
-    words."""
+    """'' if both map the same names to the same shapes, else the first differences,
+    in words."""
     problems = [
         f"{k} is {list(there[k])} {where[0]}, {list(here[k])} {where[1]}"
         for k in here
@@ -57,8 +57,8 @@ def shape_mismatches(there: dict, here: dict, where: tuple[str, str]) -> str:
 @contextlib.contextmanager
 def one_process_is_meant():
     """Silence DCP's warning that it saves or loads without a process group: lab 1 and
-    ``to_plain`` run in one process on purpose (DCP then reads and writes every piece
-    itself)."""
+    ``to_plain`` run in one process on purpose (DCP then reads and writes every
+    piece itself)."""
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore",

@@ -1,5 +1,5 @@
-"""Checkers for the exercises that ask for code: call one with your code, read one line
-back.
+"""Checkers for the exercises that ask for code: call one with your code, read one
+line back.
 
 Each checker runs your code against a reference (PyTorch's own op, or the chapter's own
 implementation), on gloo or NCCL ranks through ``distlab.infra.launch.run_ranks`` where
@@ -12,7 +12,8 @@ starting with ``passed:`` that says what was compared, or raises an ``AssertionE
     DDP overlap and compression  5         check_fp16_hook(hook)
     DDP in practice              5         check_exact_evaluation(evaluate)
     DDP's flags, batch and LR    4         check_scaled_lr(scaled_lr)
-    FSDP from scratch            3         check_sgd_exposes_missing_division(make_optimizer, SummingUnit)
+    FSDP from scratch            3         check_sgd_exposes_missing_division(
+                                               make_optimizer, SummingUnit)
     FSDP from scratch            4         check_bf16_unit(Bf16Unit)
     FSDP2 prefetch and offload   3         check_set_prefetch_all(set_prefetch_all)
     A model bigger than one rank 3         check_fill_blocks(fill_blocks_)

@@ -1,5 +1,5 @@
-"""What every checker shares: run the reader's code on ranks, and say how it went in one
-line."""
+"""What every checker shares: run the reader's code on ranks, and say how it went in
+one line."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from distlab.infra.launch import LaunchTimeout, RankFailed, run_ranks
 
 
 def passed(message: str) -> None:
-    """The one line a checker prints when the reader's code does what the exercise asks."""
+    """The one line a checker prints when the reader's code does what the
+    exercise asks."""
     print(f"passed: {message}")
 
 
@@ -24,8 +25,8 @@ def on_ranks(
     init_group: bool = True,
     device: str = "cpu",
 ) -> list:
-    """``run_ranks`` for a checker: the reader's code may raise or wait forever in a
-    collective.
+    """``run_ranks`` for a checker: the reader's code may raise or wait forever in
+    a collective.
 
     The ranks run on the CPU over gloo by default, as the book's pages do, on a machine
     with GPUs too (``run_ranks``' ``device``).

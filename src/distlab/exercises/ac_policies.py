@@ -1,5 +1,5 @@
-"""Activation checkpointing past the defaults, exercise 2: offload only the large saved
-tensors."""
+"""Activation checkpointing past the defaults, exercise 2: offload only the large
+saved tensors."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from distlab.model import preset
 
 
 def _holds_storage(packed, ptr: int) -> bool:
-    """Whether what a pack hook returned still holds the storage at ``ptr`` (nothing was
-    moved)."""
+    """Whether what a pack hook returned still holds the storage at ``ptr`` (nothing
+    was moved)."""
     items = packed if isinstance(packed, (tuple, list)) else (packed,)
     for item in items:
         if isinstance(item, torch.Tensor) and item.untyped_storage().data_ptr() == ptr:

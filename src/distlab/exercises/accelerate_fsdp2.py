@@ -10,8 +10,8 @@ from pathlib import Path
 
 from distlab.exercises._common import on_ranks, passed, require_callable
 
-# setup of the chapter's LOADING_SETUPS -> which ranks' optimizers are wrong after
-# prepare
+# setup of the chapter's LOADING_SETUPS -> which ranks' optimizers are wrong
+# after prepare
 EXPECTED = {
     "rank 0 reads, others empty": (),  # the recipe: right everywhere
     # lm_head split off wte, not in the optimizer
@@ -81,8 +81,8 @@ def check_optimizer_problems(find_problems: Callable, nprocs: int = 2) -> None:
 
 def verdict(ranks: list[dict]) -> str:
     """What each rank's ``find_problems`` said in each setup, judged: the one-line
-    message of a pass, or an AssertionError naming the first setup and rank it got
-    wrong."""
+    message of a pass, or an AssertionError naming the first setup and rank it
+    got wrong."""
     for setup, wrong_ranks in EXPECTED.items():
         for rank, found in enumerate(ranks):
             problems = found[setup]

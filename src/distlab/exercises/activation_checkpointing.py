@@ -46,8 +46,8 @@ def check_attention_only_policy(policy: Callable, preset_name: str = "tiny") -> 
             f"your policy saved {attention} attention outputs for {n_blocks} "
             "blocks; expected one per block"
         )
-    # checkpointing changes when things are computed, never what: the gradients must not
-    # move
+    # checkpointing changes when things are computed, never what: the gradients must
+    # not move
     cfg = preset(preset_name)
     idx, targets = torch.randint(
         0,

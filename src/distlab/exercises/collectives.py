@@ -1,4 +1,5 @@
-"""Collectives, exercise 3: an all-reduce built from a reduce-scatter and an all-gather."""
+"""Collectives, exercise 3: an all-reduce built from a reduce-scatter and
+an all-gather."""
 
 from __future__ import annotations
 

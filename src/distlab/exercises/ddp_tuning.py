@@ -1,5 +1,5 @@
-"""DDP's flags and the learning rate, exercise 4: a learning rate scaled with the global
-batch."""
+"""DDP's flags and the learning rate, exercise 4: a learning rate scaled with the
+global batch."""
 
 from __future__ import annotations
 

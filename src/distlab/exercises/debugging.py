@@ -27,8 +27,8 @@ def check_lockstep_broadcast(program: Callable, nprocs: int = 3) -> None:
     rank 0's weights, on every rank, with no CollectiveMismatch."""
     require_callable(program, "program", "def share_weights(broadcast): ...")
     # CPU ranks even where there are GPUs: the program makes its tensors without a
-    # device, and what is checked is the order of calls, which is the same on every
-    # backend
+    # device, and what is checked is the order of calls, which is the same on
+    # every backend
     reports = on_ranks(
         functools.partial(_program_on_rank, program),
         nprocs,

@@ -17,8 +17,8 @@ from distlab.infra.launcher import script_entry
 from distlab.infra.paths import REPO_ROOT
 
 LAB2 = REPO_ROOT / "src" / "labs" / "lab2_ddp.py"
-# two steps, a checkpoint after each: save 1 completes (the sizes to expect), save 2 is
-# killed
+# two steps, a checkpoint after each: save 1 completes (the sizes to expect), save 2
+# is killed
 LAB2_ARGS = (
     "--preset",
     "tiny",
@@ -40,8 +40,8 @@ STALLED_RANK, STALLED_SAVE = 1, 2
 
 
 def _lab2_rank(stall: Callable, marker: Path, out: Path) -> None:
-    """One rank of lab 2, as torchrun would start it; rank 1 first installs the reader's
-    stall."""
+    """One rank of lab 2, as torchrun would start it; rank 1 first installs the
+    reader's stall."""
     if int(os.environ["RANK"]) == STALLED_RANK:
         stall(STALLED_SAVE, marker)
     script_entry(str(LAB2), (*LAB2_ARGS, "--out", str(out)))

@@ -10,8 +10,8 @@ import torch
 from distlab.exercises._common import passed, require_callable
 
 ROWS, COLS, BLOCK, STD = 130, 3, 16, 0.02
-# how the 130 rows are cut over "ranks": 1 rank, 2 even, uneven cuts that start and end
-# mid-block
+# how the 130 rows are cut over "ranks": 1 rank, 2 even, uneven cuts that start and
+# end mid-block
 SPLITS = ((130,), (65, 65), (5, 60, 65), (16, 16, 98), (1, 127, 2))
 
 

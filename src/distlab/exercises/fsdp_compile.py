@@ -1,5 +1,5 @@
-"""FSDP2 with torch.compile, exercise: put checkpointing, per-block compile and sharding
-together."""
+"""FSDP2 with torch.compile, exercise: put checkpointing, per-block compile and
+sharding together."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def check_parallelize(parallelize: Callable) -> None:
     each block with ``backend``, shards each block and the root with FSDP2, and returns
     the model. Trained two steps (FSDP2 on a group of one rank: the graphs are the same
     on any number of ranks), it must compile one graph with the checkpoint inside, break
-    no graph, keep the plain model's state-dict keys, and give eager FSDP2's losses
-    exactly."""
+    no graph, keep the plain model's state-dict keys, and give eager FSDP2's
+    losses exactly."""
     require_callable(
         parallelize, "parallelize", "def parallelize(model, backend): ...; return model"
     )

@@ -14,8 +14,8 @@ AHEADS = (1, 2)
 def verdict(gathers: list[dict], ahead: int, n_layer: int = N_LAYER) -> None:
     """Raise AssertionError unless every block is all-gathered exactly once in forward
     and once in backward, each time at least one unit and at most ``ahead`` units before
-    it computes (``gathers``: ``distlab.tools.fsdp_timeline.gather_leads`` rows of one
-    step)."""
+    it computes (``gathers``: ``distlab.tools.fsdp_timeline.gather_leads`` rows of
+    one step)."""
     for phase in ("forward", "backward"):
         blocks = [g for g in gathers if g["phase"] == phase and g["unit"] != "root"]
         units = sorted(g["unit"] for g in blocks)

@@ -1,5 +1,5 @@
-"""FSDP from scratch, exercises 3 and 4: SGD exposes a missing division; a bf16 gradient
-reduction."""
+"""FSDP from scratch, exercises 3 and 4: SGD exposes a missing division; a bf16
+gradient reduction."""
 
 from __future__ import annotations
 

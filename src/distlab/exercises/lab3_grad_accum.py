@@ -1,14 +1,18 @@
 """Lab 3's exercises, and the experiments behind the page and its answers.
 
-    run_ranks(normaliser_errors, nprocs=2, args=(2,))  # gradient error of three loss normalisers, padded batches
-    run_ranks(no_sync_placements, nprocs=2)           # bucket all-reduces with forward/backward in or out of no_sync
-    losses_with_loss_scaled("adamw", 4, max_norm=0)   # one process: a short run with the loss multiplied by 4
-    check_accumulates_by_tokens(accumulate)           # exercise 4's checker
+    # gradient error of three loss normalisers, padded batches
+    run_ranks(normaliser_errors, nprocs=2, args=(2,))
+    # bucket all-reduces with forward/backward in or out of no_sync
+    run_ranks(no_sync_placements, nprocs=2)
+    # one process: a short run with the loss multiplied by 4
+    losses_with_loss_scaled("adamw", 4, max_norm=0)
+    # exercise 4's checker
+    check_accumulates_by_tokens(accumulate)
 
 Padded micro-batches are rows with different numbers of valid targets; every target
 after a row's length is -100, ``F.cross_entropy``'s default ``ignore_index``, which the
-GPT's loss uses, so ``model(x, y)`` returns the mean over the valid targets of its rows
-only.
+GPT's loss uses, so ``model(x, y)`` returns the mean over the valid targets of its
+rows only.
 """
 
 from __future__ import annotations
@@ -69,8 +73,8 @@ def flat_grad(model: torch.nn.Module) -> torch.Tensor:
 
 
 def reference_gradient(x, y) -> torch.Tensor:
-    """One process, the whole global batch: the gradient of the mean over every valid
-    target."""
+    """One process, the whole global batch: the gradient of the mean over every
+    valid target."""
     from distlab.infra.experiment import gpt
 
     model = gpt("tiny", seed=SEED)
@@ -101,8 +105,8 @@ class TokenCounts:
 
 # --- begin normalisers ---
 def mean_of_means(logits, targets, counts: TokenCounts):
-    """Lab 3's division: the micro-batch's mean over its own valid targets, divided by
-    k."""
+    """Lab 3's division: the micro-batch's mean over its own valid targets, divided
+    by k."""
     return (
         token_loss_sum(logits, targets) / (targets != IGNORE).sum() / counts.accum_steps
     )
@@ -228,8 +232,8 @@ def losses_with_loss_scaled(
     optimizer: str, scale: float, max_norm: float = 0.0, steps: int = 12
 ) -> dict:
     """One process, the tiny GPT: ``steps`` steps with ``(loss * scale).backward()``, as
-    a lab that forgot to divide by k = ``scale`` would take them. ``max_norm`` 0: no
-    clipping."""
+    a lab that forgot to divide by k = ``scale`` would take them. ``max_norm`` 0:
+    no clipping."""
     from distlab.data import token_data
     from distlab.infra.experiment import gpt
 
@@ -268,10 +272,13 @@ def losses_with_loss_scaled(
 
 
 MISTAKES = {
-    "mean_of_means": "each micro-batch's own mean divided by k (lab 3's division, right only for "
-    ""
-    "equal counts)",
-    "rank_tokens": "a division by this rank's count of valid targets, not the global count",
+    "mean_of_means": (
+        "each micro-batch's own mean divided by k (lab 3's division, right only for "
+        "equal counts)"
+    ),
+    "rank_tokens": (
+        "a division by this rank's count of valid targets, not the global count"
+    ),
 }
 
 

@@ -1,7 +1,9 @@
 """Executing the book's pages several at once, before the strict build reads them.
 
-    python -m distlab.infra.book_build execute --cache _build/.jupyter_cache   # the stale pages
-    python -m distlab.infra.book_build times --cache _build/.jupyter_cache     # slowest first
+    # the stale pages
+    python -m distlab.infra.book_build execute --cache _build/.jupyter_cache
+    # slowest first
+    python -m distlab.infra.book_build times --cache _build/.jupyter_cache
 
 Jupyter Book 1 executes the pages one after the other, while Sphinx reads them. Most
 pages spend their time starting rank processes and waiting on them (imports, rendezvous,
@@ -15,13 +17,13 @@ prints its error and exits 1, and a build run anyway executes it again and repor
 error in the usual way.
 
 Each page runs with ``OMP_NUM_THREADS`` = cores // jobs (at least 1) unless the caller
-set it: two pages that each start a thread per core would fight over the cores (see
-PLATFORM.md).
+set it: two pages that each start a thread per core would fight over the cores
+(see PLATFORM.md).
 
 ``times`` reads the execution time of each page from the same cache, slowest first, and
 marks the pages over the budget of CONTRIBUTING.md (``PAGE_BUDGET_S``). It reports; it
-asserts nothing (a duration is not a test's business: it depends on the machine and its
-load).
+asserts nothing (a duration is not a test's business: it depends on the machine and
+its load).
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ def toc_pages() -> list[Path]:
 
 
 def page_name(path: Path) -> str:
-    """``single_device``, ``labs/lab1_single``: the page as the table of contents names
-    it."""
+    """``single_device``, ``labs/lab1_single``: the page as the table of contents
+    names it."""
     return path.relative_to(BOOK).with_suffix("").as_posix()
 
 
@@ -65,8 +67,8 @@ def book_config() -> dict:
 
 def read_page(path: Path):
     """The notebook of a page as myst-nb reads it in the build (the same reader and
-    Markdown settings), so that its code cells hash to the key the build looks up in the
-    cache."""
+    Markdown settings), so that its code cells hash to the key the build looks up in
+    the cache."""
     from myst_nb.core.read import read_myst_markdown_notebook
     from myst_parser.config.main import MdParserConfig
 
@@ -186,8 +188,8 @@ def execute_pages(
 
 
 def _timed_uris(cache) -> list[tuple[str, float]]:
-    """(uri, seconds) of every cached notebook, oldest first (a later entry wins in a
-    dict)."""
+    """(uri, seconds) of every cached notebook, oldest first (a later entry wins in
+    a dict)."""
     records = sorted(cache.list_cache_records(), key=lambda r: r.created)
     return [
         (r.uri, r.data.get("execution_seconds"))

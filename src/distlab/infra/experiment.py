@@ -1,8 +1,10 @@
-"""One experiment harness: the GPT and its data, wrapped by strategy name, trained and
-timed.
+"""One experiment harness: the GPT and its data, wrapped by strategy name, trained
+and timed.
 
-    train("single", "tiny", steps=10)                   # one process, the whole batch
-    run_ranks(train, nprocs=2, args=("ddp-bucketed",))  # on every rank, each on its rows
+    # one process, the whole batch
+    train("single", "tiny", steps=10)
+    # on every rank, each on its rows
+    run_ranks(train, nprocs=2, args=("ddp-bucketed",))
 
 Every chapter and benchmark that compares ways of training runs them through ``train``:
 the same model (``seed``), the same batches (``TokenData.batch`` by global step), fused
@@ -108,7 +110,8 @@ def _scratch_fsdp(reshard_after_forward: bool):
 
 
 def shard_hybrid(model: GPT, device: torch.device, options: WrapOptions) -> nn.Module:
-    """HSDP: shard inside groups of 2 ranks, replicate across the groups (a 2-D mesh)."""
+    """HSDP: shard inside groups of 2 ranks, replicate across the groups (a
+    2-D mesh)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     n = dist.get_world_size()
@@ -203,8 +206,8 @@ def intra_op_threads(n: int | None):
 
 
 def gpt(preset_name: str = "tiny", seed: int = 1337) -> GPT:
-    """The preset's GPT on the CPU, with the vocabulary of the data every experiment
-    uses."""
+    """The preset's GPT on the CPU, with the vocabulary of the data every
+    experiment uses."""
     return GPT(preset(preset_name, vocab_size=token_data().vocab_size), seed=seed)
 
 
@@ -218,8 +221,8 @@ class Experiment:
     optimizer: torch.optim.Optimizer
     data: TokenData
     device: torch.device
-    # rank 0 of world size 1 for a strategy that is not distributed: the whole batch
-    # here
+    # rank 0 of world size 1 for a strategy that is not distributed: the whole
+    # batch here
     rank: int
     world_size: int
     global_batch: int
@@ -257,8 +260,8 @@ def build(
     lr: float = 1e-3,
     options: WrapOptions | None = None,
 ) -> Experiment:
-    """The GPT on this rank's device (every rank the same weights), wrapped, with fused
-    AdamW."""
+    """The GPT on this rank's device (every rank the same weights), wrapped, with
+    fused AdamW."""
     how = strategy(strategy_name)
     if how.distributed and not dist.is_initialized():
         raise RuntimeError(

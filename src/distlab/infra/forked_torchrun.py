@@ -1,7 +1,9 @@
 """Start a ``torchrun`` command without importing torch again: the nodes of the
 multi-node page, the restarts of the fault-tolerance page.
 
-    proc = start_node([*TORCHRUN, "--nnodes=2", ..., "-m", "pkg"], out_path, err_path, env, cwd)
+    proc = start_node(
+        [*TORCHRUN, "--nnodes=2", ..., "-m", "pkg"], out_path, err_path, env, cwd
+    )
     proc.pid, proc.poll(), proc.wait(), proc.returncode   # as subprocess.Popen's
 
 ``python -m torch.distributed.run`` spends about 2 CPU-seconds importing torch before it
@@ -26,14 +28,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-# torchrun as the user types it, with this Python (so the subprocess sees the same
-# torch)
+# torchrun as the user types it, with this Python (so the subprocess sees the
+# same torch)
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 class ForkedNode:
-    """A forked torchrun, with the part of ``subprocess.Popen``'s interface that callers
-    use."""
+    """A forked torchrun, with the part of ``subprocess.Popen``'s interface that
+    callers use."""
 
     def __init__(self, process):
         self._process, self.pid = process, process.pid

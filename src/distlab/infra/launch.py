@@ -1,6 +1,6 @@
 """Run a function or a lab script on N local ranks from a notebook, safely.
 
-    results = run_ranks(fn, nprocs=2)            # fn(*args) on every rank, results by rank
+    results = run_ranks(fn, nprocs=2)  # fn(*args) on every rank, results by rank
     run_script("src/labs/lab1_single.py", ["--steps", "50"], nprocs=1)
 
 The ranks run on the CPU over gloo, on a machine with GPUs too, unless ``device="cuda"``
@@ -72,16 +72,16 @@ def _rank_env(nprocs: int, device: str) -> dict[str, str]:
         # ranks that share the cores must not each start a thread per core (3x slower)
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
     # the ranks import what the caller can import: a function from a module on the
-    # caller's path (a test file, say) is pickled by reference and must resolve there
-    # too
+    # caller's path (a test file, say) is pickled by reference and must resolve
+    # there too
     caller_path = [p or os.getcwd() for p in sys.path]
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "src"), *caller_path])
     return env
 
 
 def _ranks_use_cpu(device: str) -> bool:
-    """Whether the ranks' ``pick_device(device)`` will choose the CPU (else one GPU
-    each)."""
+    """Whether the ranks' ``pick_device(device)`` will choose the CPU (else one
+    GPU each)."""
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     return device == "cpu" or (
@@ -161,8 +161,8 @@ def _launch_once(
             "result_path": str(result_path),
             "port": port,
         }
-        # fork only where no process of ours can have touched a GPU (why: launcher.py,
-        # LaunchConfig)
+        # fork only where no process of ours can have touched a GPU (why:
+        # launcher.py, LaunchConfig)
         spec["start_method"] = "spawn" if torch.cuda.is_available() else "fork"
         spec_path.write_bytes(pickle.dumps(spec))
         log_path = Path(tmp, "output.log")

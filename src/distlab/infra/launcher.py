@@ -1,9 +1,12 @@
 """The machinery under ``distlab.infra.launch``: the launcher process, what each rank
 runs, the launcher's output followed line by line, and the report of a failed rank.
 
-    proc = start_launcher(spec_path, log_path, env)   # a forkserver child in a session of its own
-    pump(log_path, done, output, quiet, muted)        # its output (and the ranks'), as it comes
-    kill_session(proc)                                # on a timeout: the launcher and every rank
+    # a forkserver child in a session of its own
+    proc = start_launcher(spec_path, log_path, env)
+    # its output (and the ranks'), as it comes
+    pump(log_path, done, output, quiet, muted)
+    # on a timeout: the launcher and every rank
+    kill_session(proc)
 
 The launcher runs PyTorch's elastic launcher (what ``torchrun`` uses) on the spec that
 ``distlab.infra.launch`` pickled, and writes the ranks' results, or the failure that
@@ -58,8 +61,8 @@ def script_entry(path: str, argv: tuple) -> None:
 
     The rank is forked from the launcher, which has imported torch already, so the
     script starts without paying for that import again on every rank (seconds per launch
-    on a small CPU). Its exit status and stderr reach ``_failure_report`` as a process's
-    would.
+    on a small CPU). Its exit status and stderr reach ``_failure_report`` as a
+    process's would.
     """
     import runpy
 
@@ -224,8 +227,8 @@ def _context():
 
 
 def start_launcher(spec_path: str, log_path: str, env: dict[str, str]):
-    """Start the launcher process on the pickled spec at ``spec_path``; returns it,
-    started."""
+    """Start the launcher process on the pickled spec at ``spec_path``; returns
+    it, started."""
     proc = _context().Process(target=_launcher_child, args=(spec_path, log_path, env))
     proc.start()
     return proc
@@ -238,8 +241,8 @@ def pump(
     quiet: bool,
     muted: threading.Event,
 ) -> None:
-    """Follow the launcher's output file line by line until ``done`` and nothing is
-    left."""
+    """Follow the launcher's output file line by line until ``done`` and nothing
+    is left."""
     with open(path, errors="replace") as stream:
         pending = ""
         while True:
@@ -265,8 +268,8 @@ _AGENT_LOG = re.compile(r"[EWI]\d{4} \d\d:\d\d:\d\d")
 
 
 def kill_session(proc) -> None:
-    """SIGTERM, then SIGKILL, to the launcher's session: the launcher and every rank it
-    started."""
+    """SIGTERM, then SIGKILL, to the launcher's session: the launcher and every rank
+    it started."""
     for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)

@@ -1,9 +1,9 @@
 """Run ranks that are expected to fail, and report what each one saw: notebook plumbing
-for pages that break things on purpose (the debugging chapter runs every demo through
-it).
+for pages that break things on purpose (the debugging chapter runs every demo
+through it).
 
     outcome = observe(dying_rank_demo, pg_timeout=2)
-    outcome.notes[0]["error"], outcome.notes[0]["waited_s"]   # what rank 0 saw, and when
+    outcome.notes[0]["error"], outcome.notes[0]["waited_s"]  # what rank 0 saw, and when
 
 ``observe`` never raises for a failed rank: a demo catches the error it provokes
 (``caught``) and returns what it saw; since a killed rank returns nothing, it also
@@ -37,8 +37,8 @@ def note(report: str, **fields) -> None:
 
 @dataclass
 class Caught:
-    """What ``caught`` saw: the error (None if there was none) and how long the block
-    ran."""
+    """What ``caught`` saw: the error (None if there was none) and how long the
+    block ran."""
 
     error: str | None = None
     waited_s: float = 0.0
@@ -46,8 +46,8 @@ class Caught:
 
 @contextlib.contextmanager
 def caught(report: str):
-    """Run the block; if it raises, note the error and how long the rank waited, and go
-    on.
+    """Run the block; if it raises, note the error and how long the rank waited, and
+    go on.
 
     The demos catch their own failures and return, instead of letting the launch fail: a
     rank that returns while its peer fails can keep the launcher waiting, and a failed
@@ -65,8 +65,8 @@ def caught(report: str):
 
 
 def stuck(seconds: float) -> None:
-    """Stand in for a rank that is busy or blocked (a slow disk, a lock, a stuck
-    loader).
+    """Stand in for a rank that is busy or blocked (a slow disk, a lock, a
+    stuck loader).
 
     Sleeps in short slices: Python runs a signal handler only between bytecodes of the
     main thread, so a long ``time.sleep`` can ignore the launcher's SIGTERM when the
@@ -147,7 +147,8 @@ def observe(
 
 
 def wait_for_pids(report: str, nprocs: int = 2, timeout: float = 30) -> list[int]:
-    """The process ids that the ranks noted (``note(report, pid=...)``), once all have."""
+    """The process ids that the ranks noted (``note(report, pid=...)``), once
+    all have."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         pids = {}

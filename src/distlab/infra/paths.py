@@ -1,4 +1,5 @@
-"""Where things are in the repository: one definition, for everything that runs from it."""
+"""Where things are in the repository: one definition, for everything that runs
+from it."""
 
 from pathlib import Path
 

@@ -1,5 +1,5 @@
-"""Rendezvous ports on 127.0.0.1: one the OS picks, and a check that a chosen one is
-free.
+"""Rendezvous ports on 127.0.0.1: one the OS picks, and a check that a chosen one
+is free.
 
 port = free_port()        # free now; pass it to every node of a job
 check_port_free(29500)    # PortInUse, with the cause, instead of a rendezvous that

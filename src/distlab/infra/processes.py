@@ -1,8 +1,10 @@
 """Process trees: every process under a pid, and killing all of them, on Linux and macOS
 alike (psutil reads /proc on one and asks the kernel through sysctl on the other).
 
-    kill_tree(node.pid)   # a torchrun node: the launcher, and each worker in its own session
-    alive(pid)            # running: a zombie is not
+    # a torchrun node: the launcher, and each worker in its own session
+    kill_tree(node.pid)
+    # running: a zombie is not
+    alive(pid)
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ def tree(pid: int) -> list[int]:
 
 
 def alive(pid: int) -> bool:
-    """Running: not gone, and not a zombie (exited, its status not yet collected by its
-    parent)."""
+    """Running: not gone, and not a zombie (exited, its status not yet collected by
+    its parent)."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     # psutil's ZombieProcess, raised on some systems, is one too

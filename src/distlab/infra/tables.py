@@ -8,7 +8,8 @@ from __future__ import annotations
 
 
 def markdown_table(rows: list[dict], formats: dict[str, str] | None = None):
-    """An ``IPython.display.Markdown`` table; columns from the first row, in its order."""
+    """An ``IPython.display.Markdown`` table; columns from the first row, in
+    its order."""
     from IPython.display import Markdown
 
     if not rows:

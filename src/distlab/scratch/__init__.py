@@ -3,5 +3,5 @@
 (``ddp``), FSDP with flat shards (``fsdp``, its unit policy in ``fsdp_units``), a
 halving-doubling all-reduce (``halving_doubling``) and a SyncBatchNorm that runs on gloo
 (``sync_batchnorm``; torch's needs a GPU). Only the mechanism lives here; the
-experiments that run it are in ``distlab.chapters``. May import the training library
-only."""
+experiments that run it are in ``distlab.chapters``. May import the training
+library only."""

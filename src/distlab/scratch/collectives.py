@@ -1,11 +1,16 @@
 """Collective communication from scratch: a ring all-reduce, its schedule (and its
 pictures), its cost, and the deadlock that a naive ring of blocking sends walks into.
 
-    ring_all_reduce(t)                 # in place, SUM, same result as dist.all_reduce(t)
-    ring_schedule(4)                   # the same algorithm on paper, step by step
-    ring_figure(4), ring_widget(4)     # ... drawn: a grid per step; a slider over the steps
-    ring_bytes_sent_per_rank(n, 4, 4)  # 2(N-1)/N of the tensor's bytes, whatever N is
-    model_time(alpha, B, n, nbytes)    # its time in the alpha-beta model
+    # in place, SUM, same result as dist.all_reduce(t)
+    ring_all_reduce(t)
+    # the same algorithm on paper, step by step
+    ring_schedule(4)
+    # ... drawn: a grid per step; a slider over the steps
+    ring_figure(4), ring_widget(4)
+    # 2(N-1)/N of the tensor's bytes, whatever N is
+    ring_bytes_sent_per_rank(n, 4, 4)
+    # its time in the alpha-beta model
+    model_time(alpha, B, n, nbytes)
 
 Every function that talks runs inside a rank that has joined the default process group
 (``distlab.infra.launch.run_ranks`` does that); ``ring_schedule`` and the cost model are
@@ -52,8 +57,8 @@ def ring_all_reduce(tensor: torch.Tensor, max_steps: int | None = None) -> torch
     contiguous = tensor.is_contiguous()
     flat = tensor.view(-1) if contiguous else tensor.flatten()
     # N views into the flat tensor; sizes differ by at most one, and some are empty when
-    # numel < N. Each rank computes the same split, so sender and receiver agree on
-    # sizes.
+    # numel < N. Each rank computes the same split, so sender and receiver agree
+    # on sizes.
     chunks = torch.tensor_split(flat, n)
     right, left = (rank + 1) % n, (rank - 1) % n
     steps = 2 * (n - 1) if max_steps is None else max_steps
@@ -88,9 +93,11 @@ def ring_schedule(n_ranks: int) -> list[dict]:
     Entry k (k = 0 is the start) has
       ``phase``    "start", "reduce-scatter" or "all-gather";
       ``step``     the step within its phase, counted from 1 (0 at the start);
-      ``sends``    ``sends[r]``: the chunk rank r sent to rank r+1 in this step (None at the start);
+      ``sends``    ``sends[r]``: the chunk rank r sent to rank r+1 in this step (None
+                   at the start);
       ``receives`` ``receives[r]``: the chunk rank r received from rank r-1 and updated;
-      ``holds``    ``holds[r][c]``: the ranks whose contributions chunk c on rank r now sums.
+      ``holds``    ``holds[r][c]``: the ranks whose contributions chunk c on rank r
+                   now sums.
     """
     n = n_ranks
     # at the start each rank has only its own data
@@ -129,9 +136,10 @@ def ring_schedule(n_ranks: int) -> list[dict]:
     return entries
 
 
-# ---------------------------------------------------------------- the ring's pictures, drawn from ring_schedule
+# ---------------------------------------- the ring's pictures, drawn from ring_schedule
 def _cell(held: frozenset, n: int) -> tuple[str, tuple, str]:
-    """A chunk's label, fill and text colour: darker blue the more ranks its sum holds."""
+    """A chunk's label, fill and text colour: darker blue the more ranks its
+    sum holds."""
     import matplotlib.pyplot as plt
 
     label = "all" if len(held) == n else "+".join(map(str, sorted(held)))
@@ -153,8 +161,8 @@ def _title(entry: dict, n: int) -> str:
 
 def ring_figure(n: int = 4):
     """One grid per step (a row per rank, a column per chunk), each cell naming the
-    ranks its data sums so far; red frames mark the chunk each rank received in that
-    step."""
+    ranks its data sums so far; red frames mark the chunk each rank received in
+    that step."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
@@ -257,8 +265,8 @@ def step_html(entry: dict, n: int) -> str:
 
 
 def ring_widget(n: int = 4):
-    """The steps behind a slider and a play button, rendered in advance: no kernel
-    needed."""
+    """The steps behind a slider and a play button, rendered in advance: no
+    kernel needed."""
     import ipywidgets as widgets
 
     schedule = ring_schedule(n)
@@ -279,8 +287,8 @@ def ring_bytes_sent_per_rank(numel: int, n_ranks: int, element_size: int) -> flo
     """Bytes each rank sends in a ring all-reduce: 2(N-1)/N of the tensor.
 
     N-1 steps of reduce-scatter and N-1 of all-gather, each sending one chunk of 1/N of
-    the tensor (exact when N divides numel; otherwise chunk sizes differ by one
-    element).
+    the tensor (exact when N divides numel; otherwise chunk sizes differ by
+    one element).
     """
     return 2 * (n_ranks - 1) / n_ranks * numel * element_size
 
@@ -298,16 +306,16 @@ def blocking_ring_send_first(tensor: torch.Tensor) -> torch.Tensor:
     received = torch.empty_like(tensor)
     # gloo's blocking send returns only once the right neighbour has posted its receive,
     # whatever the size; but that neighbour is stuck in its own send, and so on round
-    # the ring. Every rank waits for the next one: with a process-group timeout they all
-    # fail.
+    # the ring. Every rank waits for the next one: with a process-group timeout they
+    # all fail.
     dist.send(tensor, (rank + 1) % n)
     dist.recv(received, (rank - 1) % n)
     return received
 
 
 def parity_ring_exchange(tensor: torch.Tensor) -> torch.Tensor:
-    """The same exchange with blocking calls that cannot deadlock: odd ranks receive
-    first."""
+    """The same exchange with blocking calls that cannot deadlock: odd ranks
+    receive first."""
     rank, n = dist.get_rank(), dist.get_world_size()
     received = torch.empty_like(tensor)
     if n == 1:

@@ -1,5 +1,5 @@
-"""``nn.DataParallel`` from scratch: one process, a replica per device, a thread per
-replica.
+"""``nn.DataParallel`` from scratch: one process, a replica per device, a thread
+per replica.
 
 One forward of ``ScratchDataParallel`` makes the same four calls as ``nn.DataParallel``
 (``torch.nn.parallel`` has the real ones, which refuse CPU tensors):
@@ -11,8 +11,8 @@ One forward of ``ScratchDataParallel`` makes the same four calls as ``nn.DataPar
 
 Backward needs no code of its own: a replica's parameters are differentiable copies of
 the original parameters, so autograd sums every replica's gradient into the original
-``.grad``. The devices may all be the CPU (replicas then share the cores) or several
-GPUs.
+``.grad``. The devices may all be the CPU (replicas then share the cores) or
+several GPUs.
 
     dp = ScratchDataParallel(model, [torch.device("cpu")] * 2)
     logits, losses = dp(x, y)      # losses: one mean loss per replica
@@ -32,8 +32,8 @@ import torch.nn as nn
 
 @dataclass
 class Span:
-    """One timed piece of a step: what ran, on which thread, from when to when
-    (seconds)."""
+    """One timed piece of a step: what ran, on which thread, from when to
+    when (seconds)."""
 
     lane: str
     phase: str
@@ -67,8 +67,8 @@ def scatter(
     """Chunk every input along dim 0 and send chunk i to ``devices[i]``.
 
     Chunks follow ``torch.chunk``, as torch's scatter does: ceil(B / n) rows each, so
-    the last chunk can be smaller, and a batch shorter than the device list gives fewer
-    chunks.
+    the last chunk can be smaller, and a batch shorter than the device list gives
+    fewer chunks.
     """
     chunked = [t.chunk(len(devices)) for t in inputs]
     n = min(len(c) for c in chunked)
@@ -76,8 +76,8 @@ def scatter(
 
 
 def replicate(module: nn.Module, devices: list[torch.device]) -> list[nn.Module]:
-    """One shallow copy of ``module`` per device, holding differentiable copies of its
-    parameters.
+    """One shallow copy of ``module`` per device, holding differentiable copies of
+    its parameters.
 
     Each module object is copied (a new ``__dict__``, so replicas can run in threads
     without sharing state), and each parameter becomes ``p.to(device, copy=True)``: a
@@ -175,8 +175,8 @@ def gather(outputs: list, device: torch.device):
 
 
 class ScratchDataParallel(nn.Module):
-    """``nn.DataParallel`` rebuilt from ``scatter``, ``replicate``, ``parallel_apply``,
-    ``gather``.
+    """``nn.DataParallel`` rebuilt from ``scatter``, ``replicate``,
+    ``parallel_apply``, ``gather``.
 
     ``module`` must live on ``devices[0]``; the optimizer steps ``module.parameters()``.
     Set ``trace`` to a list to record a ``Span`` for each phase of the next forwards.

@@ -19,16 +19,15 @@ torch/csrc/distributed/c10d/reducer.cpp).
 (b) HookDDP: a hook on every parameter all-reduces its gradient the moment autograd has
     finished accumulating it, during the backward pass.
 (c) BucketedDDP: gradients are packed into ~25 MiB buckets (the first one 1 MiB) in
-reverse
-    parameter order (roughly the order backward produces them); a full bucket is all-reduced
-    asynchronously while backward goes on, and we wait only before the optimizer step.
-    Torch DDP's C++ Reducer launches its buckets the same way, but lays them out otherwise:
-    one bucket holding every parameter for the first iteration, then, at the second forward,
-    buckets cut once from the order in which the gradients really became ready, with the
-    1 MiB first bucket only when bucket_cap_mb is not passed (torch/nn/parallel/distributed.py,
-    _BucketCapacityConfig). BucketedDDP fixes its layout at construction from reversed
-    parameters(), and its first bucket is 1 MiB (or bucket_cap_mb, if smaller) whether
-    bucket_cap_mb is passed or not.
+    reverse parameter order (roughly the order backward produces them); a full bucket is
+    all-reduced asynchronously while backward goes on, and we wait only before the
+    optimizer step. Torch DDP's C++ Reducer launches its buckets the same way, but lays
+    them out otherwise: one bucket holding every parameter for the first iteration,
+    then, at the second forward, buckets cut once from the order in which the gradients
+    really became ready, with the 1 MiB first bucket only when bucket_cap_mb is not
+    passed (torch/nn/parallel/distributed.py, _BucketCapacityConfig). BucketedDDP fixes
+    its layout at construction from reversed parameters(), and its first bucket is 1 MiB
+    (or bucket_cap_mb, if smaller) whether bucket_cap_mb is passed or not.
 """
 
 from __future__ import annotations
@@ -163,8 +162,8 @@ class BucketedDDP(_DataParallelBase):
     ``finish_gradient_sync``, and one that no rank used keeps ``.grad`` None. Torch
     finds them earlier, walking the autograd graph after forward, and marks them ready
     when backward's first gradient arrives (``Reducer::autograd_hook`` in
-    torch/csrc/distributed/c10d/reducer.cpp), so their buckets still overlap with
-    backward.
+    torch/csrc/distributed/c10d/reducer.cpp), so their buckets still overlap
+    with backward.
     """
 
     def __init__(
@@ -217,8 +216,8 @@ class BucketedDDP(_DataParallelBase):
         bucket.buffer[start:end].copy_(grad.reshape(-1))
         bucket.pending -= 1
         # launch in bucket order on every rank: collectives pair up by order, not by
-        # name, so a rank launching bucket 2 before bucket 1 would sum the wrong tensors
-        # together
+        # name, so a rank launching bucket 2 before bucket 1 would sum the wrong
+        # tensors together
         while (
             self.next_to_launch < len(self.buckets)
             and self.buckets[self.next_to_launch].pending == 0
@@ -238,8 +237,8 @@ class BucketedDDP(_DataParallelBase):
                 "forever. torch DDP stops too (at the next forward) unless given "
                 "find_unused_parameters=True; BucketedDDP takes the same flag"
             )
-        # unused on this rank: it adds its .grad if it has one (zero_grad's zeros), else
-        # 0
+        # unused on this rank: it adds its .grad if it has one (zero_grad's zeros),
+        # else 0
         for p in missing:
             self._into_bucket(p, p.grad if p.grad is not None else torch.zeros_like(p))
         # every bucket is launched now, in order; then, as torch does, which ones some

@@ -1,9 +1,12 @@
-"""Fully sharded data parallel from scratch: flat shards, gathered per unit, freed after
-use.
+"""Fully sharded data parallel from scratch: flat shards, gathered per unit, freed
+after use.
 
-    fsdp = shard_model(model, {Block})  # on every rank, same weights: each keeps 1/N of them
-    optimizer = torch.optim.AdamW(model.parameters())   # sees only the shards: ZeRO-1/2/3
-    model(x, y)[1].backward()           # hooks all-gather, free and reduce-scatter per unit
+    # on every rank, same weights: each keeps 1/N of them
+    fsdp = shard_model(model, {Block})
+    # sees only the shards: ZeRO-1/2/3
+    optimizer = torch.optim.AdamW(model.parameters())
+    # hooks all-gather, free and reduce-scatter per unit
+    model(x, y)[1].backward()
     optimizer.step()
 
 Any ``nn.Module`` with a unit policy, a set of module classes, as FSDP2's users write it
@@ -13,7 +16,8 @@ unit's parameters become one padded flat fp32 tensor, of which a rank keeps its 
 slice as an ``nn.Parameter``. The full flat tensor exists only while the unit computes:
 
     forward:  all-gather -> forward -> free (units; the root keeps it for backward)
-    backward: all-gather again (if freed) -> backward -> reduce-scatter the gradient -> free
+    backward: all-gather again (if freed) -> backward -> reduce-scatter the gradient
+              -> free
 
 ``compute_dtype=torch.bfloat16`` is FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32)``: the fp32 shards (the master weights) are cast to bf16 before the
@@ -121,26 +125,31 @@ class FlatShardUnit:
         start = time.perf_counter()
         # saved views keep their shapes, lose their bytes
         self.full.untyped_storage().resize_(0)
-        # reading a view of freed storage would read freed memory (a segfault): unset
-        # them
+        # reading a view of freed storage would read freed memory (a segfault):
+        # unset them
         self._point_modules_at([None] * len(self.owners))
         self._record("free", start)
 
     def _pre_forward(self, module, args, kwargs):
         self.gather()
-        # fresh views each forward, made with autograd on: their gradients flow into
-        # full
+        # fresh views each forward, made with autograd on: their gradients flow
+        # into full
         views = torch.split(self.full, self.numels + [self.padding])
         self._point_modules_at([v.view(shape) for v, shape in zip(views, self.shapes)])
         self.forward_start = time.perf_counter()
         dtype = self.owner.compute_dtype
         if dtype is None:
             return None
+
         # floating-point inputs computed in the unit's dtype (FSDP2:
         # cast_forward_inputs=True)
-        cast = lambda t: (
-            t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-        )  # noqa: E731
+        def cast(t):
+            return (
+                t.to(dtype)
+                if isinstance(t, torch.Tensor) and t.is_floating_point()
+                else t
+            )
+
         return tuple(map(cast, args)), {k: cast(v) for k, v in kwargs.items()}
 
     def _post_forward(self, module, args, output):
@@ -239,8 +248,8 @@ def shard_model(
     compute_dtype: torch.dtype | None = None,
     unit_class: type[FlatShardUnit] = FlatShardUnit,
 ) -> ScratchFSDP:
-    """Shard ``model`` in place (call on every rank of ``group``, all holding the same
-    weights).
+    """Shard ``model`` in place (call on every rank of ``group``, all holding the
+    same weights).
 
     ``units``: the unit policy, module classes (``{Block}``); every submodule of one of
     them is a unit, the rest goes to the root. ``compute_dtype``: compute in it (bf16),

@@ -1,6 +1,7 @@
 """The unit policy of the from-scratch FSDP: which parameters each unit owns.
 
-    unit_parameters(model, {Block})   # [("blocks.0", block, slots), ..., ("root", model, slots)]
+    # [("blocks.0", block, slots), ..., ("root", model, slots)]
+    unit_parameters(model, {Block})
 
 FSDP2's users write ``for block in model.blocks: fully_shard(block)`` then
 ``fully_shard(model)``: each call takes the parameters of its module that no nested call
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-# {parameter: [(module, attribute), ...]}: a tied parameter is one key with several
-# owners
+# {parameter: [(module, attribute), ...]}: a tied parameter is one key with
+# several owners
 Slots = dict[nn.Parameter, list[tuple[nn.Module, str]]]
 
 
@@ -40,8 +41,8 @@ def unit_parameters(model: nn.Module, units) -> list[tuple[str, nn.Module, Slots
     A tied parameter (``lm_head.weight is wte.weight``) is one key with two owners, so
     it is stored, gathered and reduced once; it must not be shared by two units. A unit
     without parameters of its own is left out. The same traversal on an unwrapped copy
-    of the model gives the same order, which is how the tests line a shard up with a
-    reference.
+    of the model gives the same order, which is how the tests line a shard up with
+    a reference.
     """
     classes = _check_policy(units)
     # module -> the unit that owns its parameters

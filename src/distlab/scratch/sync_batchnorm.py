@@ -20,8 +20,8 @@ import torch.nn as nn
 class _SyncBatchNormOnGloo(torch.autograd.Function):
     """torch's SyncBatchNorm function (torch/nn/modules/_functions.py) with its
     CUDA-only kernels (``batch_norm_stats``, ``batch_norm_elemt``, ...) written as plain
-    tensor ops; the same collectives: one all-gather in forward, one all-reduce in
-    backward."""
+    tensor ops; the same collectives: one all-gather in forward, one all-reduce
+    in backward."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum):
@@ -76,8 +76,8 @@ class _SyncBatchNormOnGloo(torch.autograd.Function):
 
 class SyncBatchNormOnGloo(nn.modules.batchnorm._BatchNorm):
     """A BatchNorm layer normalised with the statistics of every rank's rows, on CPU
-    tensors over gloo. Not an ``nn.SyncBatchNorm`` subclass: DDP refuses those in a CPU
-    module."""
+    tensors over gloo. Not an ``nn.SyncBatchNorm`` subclass: DDP refuses those in a
+    CPU module."""
 
     def _check_input_dim(self, x):
         if x.dim() < 2:

@@ -1,11 +1,14 @@
 """What an all-reduce of n bytes costs with each algorithm, in the alpha-beta model.
 
-    ring_s(n, N, alpha, B)                       2(N-1) alpha + 2(N-1)/N n/B
-    tree_s(n, N, alpha, B)                       2 log2(N) alpha + 2 n/B  (double binary tree, pipelined)
-    in_network_s(n, alpha, B)                    2 alpha + n/B            (NVLS, SHARP: the switch adds)
-    hierarchical_s(n, nodes, per_node, intra, inter)   reduce-scatter in the node, all-reduce of 1/g
-                                                       of it across nodes, all-gather in the node
-    halving_doubling_s(n, N, alpha, B)           2 log2(N) alpha + 2(N-1)/N n/B
+    ring_s(n, N, alpha, B)                2(N-1) alpha + 2(N-1)/N n/B
+    tree_s(n, N, alpha, B)                2 log2(N) alpha + 2 n/B
+                                          (double binary tree, pipelined)
+    in_network_s(n, alpha, B)             2 alpha + n/B
+                                          (NVLS, SHARP: the switch adds)
+    hierarchical_s(n, nodes, per_node, intra, inter)
+                                          reduce-scatter in the node, all-reduce of 1/g
+                                          of it across nodes, all-gather in the node
+    halving_doubling_s(n, N, alpha, B)    2 log2(N) alpha + 2(N-1)/N n/B
 
 Each is a model with its assumptions written beside it; none is a measurement. B is one
 direction of a rank's link (links are full duplex: a rank sends and receives at once).
@@ -22,8 +25,8 @@ def ring_s(n: float, ranks: int, alpha: float, bandwidth: float) -> float:
 
 
 def halving_doubling_s(n: float, ranks: int, alpha: float, bandwidth: float) -> float:
-    """log2(N) halving steps, then log2(N) doubling steps: the ring's bytes, in fewer
-    messages."""
+    """log2(N) halving steps, then log2(N) doubling steps: the ring's bytes, in
+    fewer messages."""
     return 2 * math.log2(ranks) * alpha + 2 * (ranks - 1) / ranks * n / bandwidth
 
 

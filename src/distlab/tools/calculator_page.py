@@ -1,7 +1,7 @@
 """The memory calculator as a page: a static HTML form and an ipywidgets version.
 
-    display(HTML(calculator_html()))   # works in the built book, no Python kernel needed
-    display(calculator_widget())       # live notebook: Python computes each answer
+    display(HTML(calculator_html()))  # works in the built book, no Python kernel needed
+    display(calculator_widget())      # live notebook: Python computes each answer
     print(format_estimate(estimate("paper_7.5b", 64, "bf16_mixed", strategy="zero1")))
 
 Presentation only: every number comes from ``distlab.tools.memory_calculator``. The HTML
@@ -51,9 +51,10 @@ def calculator_html(uid: str = "distlab-memcalc") -> str:
     """A self-contained form (inline data and script, nothing fetched) for
     ``IPython.display.HTML``."""
     data = calculator_data()
-    options = lambda d: "".join(
-        f'<option value="{k}">{v}</option>' for k, v in d.items()
-    )  # noqa: E731
+
+    def options(d):
+        return "".join(f'<option value="{k}">{v}</option>' for k, v in d.items())
+
     models = {k: v["label"] for k, v in data["models"].items()} | {
         "custom": "free: parameters (billions)"
     }
@@ -86,12 +87,12 @@ def calculator_html(uid: str = "distlab-memcalc") -> str:
 </form>
 <div class="out" style="margin-top:8px"></div>
 <script>{script}distlabMemoryCalculator({json.dumps(uid)});</script>
-</div>"""
+</div>"""  # noqa: E501 (a data string: HTML or JavaScript)
 
 
 def calculator_widget():
-    """The same calculator with ipywidgets, for a live notebook (Python computes each
-    answer)."""
+    """The same calculator with ipywidgets, for a live notebook (Python computes
+    each answer)."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
 

@@ -2,12 +2,17 @@
 really wrote.
 
     with CollectiveBytes() as counted:
-        loss.backward()                      # DDP's C++ Reducer, FSDP2's hooks, ZeRO's broadcasts
-    counted.calls                            # [Call("reduce-scatter", tensor_bytes, group_size), ...]
-    counted.ring_bytes_sent()                # what each rank sends on a ring (NCCL's algorithm)
+        # DDP's C++ Reducer, FSDP2's hooks, ZeRO's broadcasts
+        loss.backward()
+    # [Call("reduce-scatter", tensor_bytes, group_size), ...]
+    counted.calls
+    # what each rank sends on a ring (NCCL's algorithm)
+    counted.ring_bytes_sent()
 
-    written = socket_bytes_written()         # /proc/self/io: every byte this process wrote
-    ...; socket_bytes_written() - written    # on gloo, the collectives' real traffic
+    # /proc/self/io: every byte this process wrote
+    written = socket_bytes_written()
+    # on gloo, the collectives' real traffic
+    ...; socket_bytes_written() - written
 
 Why a ``TorchDispatchMode``: every collective, from Python (FSDP2,
 ZeroRedundancyOptimizer) or from C++ (DDP's Reducer), is dispatched as a ``c10d``
@@ -33,8 +38,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # --- begin ops ---
-# c10d operator -> (kind, which argument holds the tensor(s) whose bytes define S, group
-# argument)
+# c10d operator -> (kind, which argument holds the tensor(s) whose bytes define S,
+# group argument)
 C10D_OPS = {
     "allreduce_": ("all-reduce", 0, 1),
     # (output, input, group): S is the whole output
@@ -69,7 +74,8 @@ def _nbytes(tensors) -> int:
 
 
 class CollectiveBytes(TorchDispatchMode):
-    """While open, records a ``Call`` for every c10d collective issued on this thread."""
+    """While open, records a ``Call`` for every c10d collective issued on
+    this thread."""
 
     def __init__(self):
         super().__init__()

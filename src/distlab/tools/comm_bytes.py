@@ -1,8 +1,8 @@
 """Count the bytes a rank hands to ``torch.distributed.all_reduce``, from any thread.
 
     with CountedAllReduce() as counted:
-        loss.backward()                      # DDP runs its comm hook, which calls dist.all_reduce
-    counted.calls                            # [(numel, dtype, bytes), ...] in call order
+        loss.backward()  # DDP runs its comm hook, which calls dist.all_reduce
+    counted.calls        # [(numel, dtype, bytes), ...] in call order
 
 Why patch the Python function and not a ``TorchDispatchMode`` (``CommDebugMode``): a
 dispatch mode is thread-local, and on gloo the follow-up all-reduces of a chained hook
@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 
 class CountedAllReduce:
-    """A context manager: while it is open, every ``dist.all_reduce`` call is recorded."""
+    """A context manager: while it is open, every ``dist.all_reduce`` call
+    is recorded."""
 
     def __init__(self):
         self.calls: list[tuple[int, torch.dtype, int]] = []

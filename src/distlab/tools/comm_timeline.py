@@ -7,8 +7,8 @@ BucketedDDP is ``TimedBucketedDDP`` in ``distlab.chapters.ddp_overlap`` (a subcl
 neither wrapper's code changes):
 
     timeline = Timeline()
-    ddp.register_comm_hook(timeline, timestamping_hook)             # torch's DDP
-    timeline.watch_gradients(module)                                # when each .grad is complete
+    ddp.register_comm_hook(timeline, timestamping_hook)  # torch's DDP
+    timeline.watch_gradients(module)  # when each .grad is complete
 
 Times are ``time.perf_counter()`` seconds on this rank's CPU clock. On gloo the
 all-reduce runs on gloo's own threads, and the future it returns is completed there: the
@@ -51,8 +51,8 @@ class Timeline:
             self.events.clear()
 
     def watch_gradients(self, module: nn.Module) -> None:
-        """Record when each parameter's gradient is complete (a tick on the compute
-        row)."""
+        """Record when each parameter's gradient is complete (a tick on the
+        compute row)."""
         index = {p: i for i, p in enumerate(module.parameters())}
 
         def tick(p: torch.Tensor) -> None:  # a hook that returns something is an error

@@ -1,14 +1,15 @@
-"""Tools that find what goes wrong between ranks; the debugging chapter shows each at
-work.
+"""Tools that find what goes wrong between ranks; the debugging chapter shows each
+at work.
 
-    checked = Lockstep().wrap(dist.all_reduce)  # compares every rank's next collective first
-    checked(loss)                                # raises CollectiveMismatch naming each call
-    check_replicas(model)                        # raises if data-parallel replicas differ
-    dump_flight_recorder(folder)                 # this rank's recorder buffer, for the analyser
-    analyse_flight_recorder(folder)              # torch's analyser on the ranks' recorder dumps
+    # compares every rank's next collective first
+    checked = Lockstep().wrap(dist.all_reduce)
+    checked(loss)                      # raises CollectiveMismatch naming each call
+    check_replicas(model)              # raises if data-parallel replicas differ
+    dump_flight_recorder(folder)       # this rank's recorder buffer, for the analyser
+    analyse_flight_recorder(folder)    # torch's analyser on the ranks' recorder dumps
 
-They are debug aids: each costs a collective of its own, so switch them on to hunt a
-bug.
+They are debug aids: each costs a collective of its own, so switch them on to hunt
+a bug.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ class CollectiveMismatch(RuntimeError):
 
 
 class Lockstep:
-    """Debug mode for collectives: before each one, all ranks compare what they will
-    call.
+    """Debug mode for collectives: before each one, all ranks compare what they
+    will call.
 
     Each rank all-gathers a fingerprint of its next collective (a sequence number and a
     hash of op, dtype, shape and the line that calls it) over a gloo group of its own,
@@ -129,8 +130,8 @@ def dump_flight_recorder(folder: str) -> None:
 
 def flight_recorder_entries() -> list[tuple]:
     """This process's recorded collectives, oldest first: (sequence number, operation,
-    input sizes, state, duration in ms or None), from NCCL's recorder where torch has
-    one."""
+    input sizes, state, duration in ms or None), from NCCL's recorder where torch
+    has one."""
     c10d = torch._C._distributed_c10d
     # NCCL records into a recorder of its own, not the one _dump_fr_trace reads (gloo's)
     dump = getattr(c10d, "_dump_nccl_trace", None) or c10d._dump_fr_trace
@@ -148,8 +149,8 @@ def flight_recorder_entries() -> list[tuple]:
 
 
 def analyse_flight_recorder(folder: str, prefix: str = "trace_") -> str:
-    """Run torch's analyser (the ``torchfrtrace`` command) on the dumps; return its
-    report."""
+    """Run torch's analyser (the ``torchfrtrace`` command) on the dumps; return
+    its report."""
     from torch.distributed.flight_recorder.components.fr_logger import (
         FlightRecorderLogger,
     )

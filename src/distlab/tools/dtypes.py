@@ -2,13 +2,14 @@
 
     with OpDtypes() as ops:
         model(x, y)[1].backward()
-    ops.rows()  # [{"phase": "forward", "op": "aten.addmm", "dtypes": "bf16 -> bf16"}, ...]
+    # [{"phase": "forward", "op": "aten.addmm", "dtypes": "bf16 -> bf16"}, ...]
+    ops.rows()
 
 A ``TorchDispatchMode`` sees every ATen operator (and every c10d collective) with the
 tensors it is given and returns, after autocast and FSDP2's casts have had their say, so
 it reports what ran, not what a policy intends. Kernels may accumulate in a wider type
-inside (a bf16 matrix product sums in fp32); what this shows is what they read and
-write.
+inside (a bf16 matrix product sums in fp32); what this shows is what they read
+and write.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def _dtypes(tree) -> str:
 
 
 class OpDtypes(TorchDispatchMode):
-    """Record each distinct (phase, operator, input dtypes -> output dtypes) once, in
-    order."""
+    """Record each distinct (phase, operator, input dtypes -> output dtypes) once,
+    in order."""
 
     def __init__(self):
         super().__init__()

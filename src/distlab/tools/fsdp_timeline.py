@@ -1,12 +1,13 @@
 """Which FSDP2 units hold gathered parameters, operator by operator, and when each
 all-gather was issued.
 
-    units = fsdp_units(model)                       # {"root": model, "blocks.0": ..., ...}
+    units = fsdp_units(model)      # {"root": model, "blocks.0": ..., ...}
     with GatheredTimeline(units) as timeline:
         model(x, y)[1].backward()
-    timeline.samples                                # one Sample after every operator
-    timeline.gathers                                # one Gather per all-gather: unit, who issued it
-    peak(timeline.samples); gather_leads(timeline)  # the most held, and how far ahead each gather ran
+    timeline.samples               # one Sample after every operator
+    timeline.gathers               # one Gather per all-gather: unit, who issued it
+    # the most held, and how far ahead each gather ran
+    peak(timeline.samples); gather_leads(timeline)
 
 A ``TorchDispatchMode`` sees every ATen operator and c10d collective on this thread (CPU
 autograd runs backward on it too), and ``record_function``'s ranges as ``profiler``
@@ -16,10 +17,9 @@ in ``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``), unit by unit:
 - whole parameters: the group is unsharded; the bytes of the storages of its
   ``all_gather_outputs``;
 - all-gather buffers: the flat output of an all-gather not yet copied out
-  (``_all_gather_result``:
-  a prefetch), and the one FSDP2 keeps after a forward copy-out so that the next unit's copy-in
-  cannot overwrite it (``comm_ctx.all_gather_state``, see the note "Overlapping all-gather copy-in
-  and all-gather" in that file).
+  (``_all_gather_result``: a prefetch), and the one FSDP2 keeps after a forward copy-out
+  so that the next unit's copy-in cannot overwrite it (``comm_ctx.all_gather_state``,
+  see the note "Overlapping all-gather copy-in and all-gather" in that file).
 
 An operator "computes with" a unit when one of its tensors shares storage with the
 unit's whole parameters. An all-gather is named after FSDP2's range around it
@@ -54,8 +54,8 @@ class Gather:
     index: int  # position in ``samples`` of the collective
     unit: str
     phase: str
-    # "own pre-forward", "own pre-backward", "forward prefetch", "backward prefetch",
-    # "unshard()"
+    # "own pre-forward", "own pre-backward", "forward prefetch", "backward
+    # prefetch", "unshard()"
     issued_by: str
 
 
@@ -72,7 +72,8 @@ def fsdp_units(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 
 def _unit_of(range_name: str) -> str:
-    """'FSDP::all_gather (blocks.3)' -> 'blocks.3'; FSDP2 names no module for the root."""
+    """'FSDP::all_gather (blocks.3)' -> 'blocks.3'; FSDP2 names no module for
+    the root."""
     return range_name[range_name.index("(") + 1 : -1] if "(" in range_name else "root"
 
 
@@ -91,8 +92,8 @@ def _issuer(ranges: list[str]) -> str:
 
 
 class GatheredTimeline(TorchDispatchMode):
-    """While open, a ``Sample`` after every operator and a ``Gather`` for every
-    all-gather."""
+    """While open, a ``Sample`` after every operator and a ``Gather`` for
+    every all-gather."""
 
     def __init__(self, units: dict[str, torch.nn.Module]):
         super().__init__()
@@ -162,7 +163,8 @@ class GatheredTimeline(TorchDispatchMode):
 
 
 def peak(samples: list[Sample]) -> tuple[int, Sample]:
-    """(index, sample) where whole parameters plus buffers were largest; the first such."""
+    """(index, sample) where whole parameters plus buffers were largest; the
+    first such."""
     index = max(
         range(len(samples)), key=lambda i: (samples[i].whole + samples[i].buffers, -i)
     )

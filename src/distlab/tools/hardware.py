@@ -1,8 +1,9 @@
-"""The GPUs and links the planner knows, each number with the public source it comes
-from.
+"""The GPUs and links the planner knows, each number with the public source it
+comes from.
 
     from distlab.tools.hardware import GPUS, NETWORKS
-    GPUS["a100-80gb"].bf16_peak * GPUS["a100-80gb"].matmul_efficiency  # FLOP/s a large bf16 GEMM reaches
+    # FLOP/s a large bf16 GEMM reaches
+    GPUS["a100-80gb"].bf16_peak * GPUS["a100-80gb"].matmul_efficiency
 
 Datasheet numbers (peak, memory, bandwidths) are what NVIDIA and the clouds publish. The
 two efficiencies are measurements someone else published and a reader can rerun: the
@@ -86,7 +87,8 @@ FA2_A100_FWD_BWD_BOUND = 3.5 / (1 / FA2_A100_FWD_BEST + 2.5 / FA2_A100_BWD_BEST)
 
 @dataclass(frozen=True)
 class GPU:
-    """One accelerator: datasheet numbers plus the measured fractions of its bf16 peak."""
+    """One accelerator: datasheet numbers plus the measured fractions of its
+    bf16 peak."""
 
     name: str  # the key in GPUS
     label: str
@@ -132,14 +134,14 @@ GPUS: dict[str, GPU] = {
     "h100-sxm": GPU(
         name="h100-sxm",
         label="NVIDIA H100 SXM5 80GB",
-        # 1,979 sparse / 2 = 989.5; the MAMF table and torchtitan's get_peak_flops use
-        # 989
+        # 1,979 sparse / 2 = 989.5; the MAMF table and torchtitan's get_peak_flops
+        # use 989
         bf16_peak=989e12,
         memory_bytes=80e9,
         hbm_bandwidth=3.35e12,
         nvlink_bandwidth=450e9,  # 900 GB/s total, 450 each way
-        # MAMF row: "NVIDIA H100 SXM | 794.5 | 989 | 80.3% | 2048x2048x13312 |
-        # 2.7.0+cu126"
+        # MAMF row: "NVIDIA H100 SXM | 794.5 | 989 | 80.3% | 2048x2048x13312
+        # | 2.7.0+cu126"
         matmul_efficiency=794.5 / 989,
         # FA3's abstract: FA2 reaches 35% on H100. The sentence names no setting
         # (causal, head dim, length).
@@ -191,8 +193,8 @@ GPUS: dict[str, GPU] = {
 
 @dataclass(frozen=True)
 class Network:
-    """What one GPU's collectives run over: bandwidth per GPU one way, and a per-step
-    latency."""
+    """What one GPU's collectives run over: bandwidth per GPU one way, and a
+    per-step latency."""
 
     name: str
     label: str
@@ -235,9 +237,8 @@ NETWORKS: dict[str, Network] = {
         400e9 / 8,
         NET_LAT,
         "'400 Gbps (NDR) InfiniBand doubles network performance compared to HDR', "
-        "https://docs.nvidia.com/dgx-superpod/design-guide-cabling-data-centers/latest/ndr-overview.html "
-        ""
-        "; " + NCCL_TUNING,
+        "https://docs.nvidia.com/dgx-superpod/design-guide-cabling-data-centers/latest/ndr-overview.html"  # noqa: E501
+        " ; " + NCCL_TUNING,
     ),
     # AWS p4d: '8 x 40 GB NVIDIA Tesla A100 GPUs with NVSwitch and 400 Gbps Elastic
     # Fabric Adapter (EFA)' per instance, i.e. 50 Gb/s per GPU. (p4d carries 40 GB

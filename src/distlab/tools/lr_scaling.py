@@ -4,11 +4,12 @@ compares them (book/ddp_tuning.md's second half).
 At a fixed per-rank batch B, N ranks train on a global batch of N x B. Every world size
 here gets the same token budget (``TOKENS_AT_ONE_RANK_STEPS`` steps of one rank's
 batch), so N ranks take 1/N as many steps, and each runs every learning-rate rule of
-``RULES`` one after the other
-in one launch:
+``RULES`` one after the other in one launch:
 
-    run_ranks(scaling_runs, nprocs=4)   # 4 ranks: every rule, same tokens as 1 rank's run
-    scaling_runs()                      # 1 process (the "single" strategy: no wrapper)
+    # 4 ranks: every rule, same tokens as 1 rank's run
+    run_ranks(scaling_runs, nprocs=4)
+    # 1 process (the "single" strategy: no wrapper)
+    scaling_runs()
 
 The models, batches and AdamW are ``distlab.infra.experiment``'s, so N ranks at batch B
 see exactly the windows of one process at batch N x B (``TokenData.batch`` draws by
@@ -34,8 +35,8 @@ WARMUP_FRACTION = 0.25  # of a run's steps, for the rules with warm-up
 VAL_WINDOWS = 64  # windows of the validation batch every run is scored on at its end
 
 # --- begin rules ---
-# name -> (the factor on BASE_LR at N ranks, whether the LR warms up linearly from
-# BASE_LR/steps)
+# name -> (the factor on BASE_LR at N ranks, whether the LR warms up linearly
+# from BASE_LR/steps)
 RULES: dict[str, tuple] = {
     "unscaled": (lambda n: 1.0, False),
     "linear": (lambda n: float(n), False),  # Goyal et al. 2017, for SGD

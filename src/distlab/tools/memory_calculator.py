@@ -1,6 +1,7 @@
 """How many bytes each rank holds under DDP, ZeRO-1/2/3, FSDP2 and hybrid sharding.
 
-    per_rank_bytes(7.5e9, ranks=64, dtype="bf16_mixed", strategy="zero1")  # the ZeRO paper's 31.4 GB
+    # the ZeRO paper's 31.4 GB
+    per_rank_bytes(7.5e9, ranks=64, dtype="bf16_mixed", strategy="zero1")
     estimate("shakespeare", ranks=4, strategy="zero3", micro_batch=16, seq_len=256)
 
 Model state is counted as the ZeRO paper counts it (Rajbhandari et al., arXiv
@@ -31,8 +32,8 @@ PARTS = ("params", "grads", "optimizer")
 
 # --- begin coefficients ---
 # bytes per parameter of the weights and gradients the forward/backward pass uses, and
-# of the fp32 copy of the weights that mixed precision keeps for the optimizer ("master"
-# weights)
+# of the fp32 copy of the weights that mixed precision keeps for the optimizer
+# ("master" weights)
 DTYPES = {
     "fp32": {"params": 4, "grads": 4, "master": 0},
     "bf16_mixed": {"params": 2, "grads": 2, "master": 4},
@@ -73,8 +74,8 @@ STRATEGIES = {
         "gathered": "units",
     },
     # reshard_after_forward=False: the same shards, and each unit's gathered parameters
-    # alive from its forward to its backward, so when backward starts every unit is
-    # whole
+    # alive from its forward to its backward, so when backward starts every unit
+    # is whole
     "fsdp2_no_reshard": {
         "label": "FSDP2 reshard_after_forward=False",
         "sharded": PARTS,
@@ -174,24 +175,23 @@ def activation_bytes(
     checkpointing: bool = False,
     dtype: str = "fp32",
 ) -> dict[str, int | str]:
-    """Activation bytes on one rank for a micro-batch of ``batch`` sequences of
-    ``seq_len``.
+    """Activation bytes on one rank for a micro-batch of ``batch`` sequences
+    of ``seq_len``.
 
     ``saved``: what autograd keeps after the forward pass. Without checkpointing, every
     block's saved tensors (``activation_bytes_formula``). With each block checkpointed,
     only each block's (B, T, C) input, plus what the layers outside the blocks save.
     ``recompute``: with checkpointing, one block's saved tensors, rebuilt in backward.
-    ``peak`` is ``saved`` plus the most that backward adds at one moment, ``at`` one of
-    two:
+    ``peak`` is ``saved`` plus the most that backward adds at one moment, ``at`` one
+    of two:
     * "loss": log-softmax's backward holds the gradients of its output and of the
-      logits,
-      two (B, T, V) fp32 tensors (fp32 in bf16 too: the loss is computed from logits.float());
+      logits, two (B, T, V) fp32 tensors (fp32 in bf16 too: the loss is computed from
+      logits.float());
     * "last block": the recomputed block, if any, and the MLP's backward: the gradients
-      of
-      the block's output (BTC) and of the hidden layer (4BTC), the down-projection's weight
-      and bias gradients (4C^2 + C) and the tied head's weight gradient, held until the
-      embedding's is added to it (VC); by then the log-softmax output (BTV, fp32) and the
-      final LayerNorm's tensors (2BTC + 2BT) are freed.
+      of the block's output (BTC) and of the hidden layer (4BTC), the down-projection's
+      weight and bias gradients (4C^2 + C) and the tied head's weight gradient, held
+      until the embedding's is added to it (VC); by then the log-softmax output (BTV,
+      fp32) and the final LayerNorm's tensors (2BTC + 2BT) are freed.
     The caller must drop the logits (``model(x, y)[1]``); keeping them adds (B, T, V)
     values.
     """
@@ -277,8 +277,8 @@ def gathered_params(
 ) -> float | None:
     """Whole parameters held on top of the shards at the peak of a step: none for DDP
     and ZeRO-1/2 (their parameters are whole anyway); the root and two blocks under
-    FSDP2 with resharding, which needs the architecture (None without one); every unit
-    without."""
+    FSDP2 with resharding, which needs the architecture (None without one); every
+    unit without."""
     kind = STRATEGIES[strategy]["gathered"]
     if kind is None:
         return 0

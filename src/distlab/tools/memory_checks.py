@@ -1,9 +1,10 @@
 """What the memory calculator is checked against: the ZeRO paper's own formulas and its
 Table 1, transcribed, and the exact tensor-by-tensor layout of DDP's and FSDP2's state.
 
-    zero_paper_bytes(7.5e9, 64, stage=3)                           # Figure 1's 1.88 GB
-    agrees_with_print(1.875, "1.88")                               # "rounded"
-    exact_adamw_state_bytes(shapes, ranks=4, rank=3, fsdp2=True)   # to the byte, from the shapes
+    zero_paper_bytes(7.5e9, 64, stage=3)    # Figure 1's 1.88 GB
+    agrees_with_print(1.875, "1.88")        # "rounded"
+    # to the byte, from the shapes
+    exact_adamw_state_bytes(shapes, ranks=4, rank=3, fsdp2=True)
 
 The calculator (``distlab.tools.memory_calculator``) counts bytes per parameter; these
 count what the paper printed and what the ranks really hold, so the ZeRO chapter can

@@ -1,10 +1,11 @@
 """Plan a run from the command line: memory per GPU, step time and tokens/s, or the
 plans ranked.
 
-    python -m distlab.tools.plan --model llama3-8b --gpu a100-80gb --gpus 64 --network ib-200g \\
-        --strategy fsdp2 --ac selective-op --micro-batch 1 --seq-len 8192
-    python -m distlab.tools.plan --model llama3-70b --gpu h100-sxm --gpus 128 --network ib-400g \\
-        --seq-len 8192 --recommend --global-batch 256
+    python -m distlab.tools.plan --model llama3-8b --gpu a100-80gb --gpus 64 \\
+        --network ib-200g --strategy fsdp2 --ac selective-op --micro-batch 1 \\
+        --seq-len 8192
+    python -m distlab.tools.plan --model llama3-70b --gpu h100-sxm --gpus 128 \\
+        --network ib-400g --seq-len 8192 --recommend --global-batch 256
 
 Every number is the planner's (``distlab.tools.planner``), explained term by term in
 book/planner.md, where it is checked against this machine's runs and published ones.

@@ -1,5 +1,5 @@
-"""Predict a training run's memory per GPU and its step time before it runs: the book's
-capstone.
+"""Predict a training run's memory per GPU and its step time before it runs: the
+book's capstone.
 
     cluster = gpu_cluster("a100-80gb", gpus=64, gpus_per_node=8, network="ib-200g")
     plan = Plan("fsdp2", micro_batch=1, seq_len=8192, ac="full")
@@ -8,17 +8,17 @@ capstone.
 
 Every term is one the book derives (each chapter's page is named beside it):
 * memory: model state as the ZeRO paper counts it (``memory_calculator.per_rank_bytes``,
-  book/zero_memory.md); the whole units FSDP2 gathers (book/fsdp2.md); activations saved per
-  token (``ModelShape.saved_values_per_token``, book/activation_checkpointing.md) and the peak at
-  the loss (book/single_device.md);
+  book/zero_memory.md); the whole units FSDP2 gathers (book/fsdp2.md); activations saved
+  per token (``ModelShape.saved_values_per_token``, book/activation_checkpointing.md)
+  and the peak at the loss (book/single_device.md);
 * compute: FLOPs per token (``distlab.flops``, book/single_device.md) at the fraction of
-  the peak a
-  GEMM reaches (a public microbenchmark's, or this machine's measured matmul), plus the bytes the
-  non-matmul ops move at the memory bandwidth (a roofline: those ops do too few FLOPs per byte);
+  the peak a GEMM reaches (a public microbenchmark's, or this machine's measured
+  matmul), plus the bytes the non-matmul ops move at the memory bandwidth (a roofline:
+  those ops do too few FLOPs per byte);
 * communication: the alpha-beta ring (book/collectives.md) for each collective a
-  strategy issues
-  (book/ddp_internals.md, book/fsdp_communication.md), hidden behind compute as the buckets and
-  the prefetched units allow (book/ddp_overlap.md, book/fsdp_prefetch_offload.md).
+  strategy issues (book/ddp_internals.md, book/fsdp_communication.md), hidden behind
+  compute as the buckets and the prefetched units allow (book/ddp_overlap.md,
+  book/fsdp_prefetch_offload.md).
 Nothing here is fitted to the runs it is checked against (book/planner.md checks it).
 """
 

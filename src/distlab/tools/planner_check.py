@@ -1,10 +1,14 @@
 """The planner checked on this machine: its predictions for the recorded CPU runs of
 labs 1-5.
 
-    inputs = json.loads(INPUTS.read_text())          # python -m distlab.bench.planner_inputs
-    recorded = json.loads(RECORDED.read_text())      # python -m distlab.bench (labs 1-6, 1/2/4 ranks)
-    rows = check_recorded(inputs, recorded)          # predicted against measured, with the error
-    figure_data(rows)                                # the points of a predicted-vs-measured plot
+    # python -m distlab.bench.planner_inputs
+    inputs = json.loads(INPUTS.read_text())
+    # python -m distlab.bench (labs 1-6, 1/2/4 ranks)
+    recorded = json.loads(RECORDED.read_text())
+    # predicted against measured, with the error
+    rows = check_recorded(inputs, recorded)
+    # the points of a predicted-vs-measured plot
+    figure_data(rows)
 
 The planner is fed only what ``distlab.bench.planner_inputs`` measured on this CPU with
 as many ranks at once as the run had: the fp32 matmul peak per rank (the quantity each
@@ -309,8 +313,8 @@ def figure_data(rows: list[dict]) -> dict[str, list[tuple[str, float, float]]]:
 
 
 def table(rows: list[dict]) -> str:
-    """The rows as text: tokens/s, model state and peak bytes, predicted / measured /
-    error."""
+    """The rows as text: tokens/s, model state and peak bytes, predicted / measured
+    / error."""
     lines = [
         f"{'lab':22} {'N':>2} {'tok/s pred':>10} {'meas':>6} {'err%':>6}  "
         f"{'state MB':>8} {'meas':>6} {'err%':>6}"

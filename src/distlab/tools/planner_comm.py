@@ -68,8 +68,8 @@ def bucketed(
 
 # --- begin communication ---
 def communication(shape: ModelShape, cluster, plan, blocks: dict[str, float]) -> dict:
-    """Seconds of each collective per optimizer step on one rank, and the seconds not
-    hidden."""
+    """Seconds of each collective per optimizer step on one rank, and the seconds
+    not hidden."""
     n, L, w, rb = (
         cluster.gpus,
         shape.n_layer,
@@ -102,11 +102,16 @@ def communication(shape: ModelShape, cluster, plan, blocks: dict[str, float]) ->
     g = plan.group if plan.strategy == "hsdp" else n
     link, replicas = cluster.link(g), n // g
     across = cluster.inter if cluster.gpus > cluster.gpus_per_node else cluster.intra
-    gather = lambda params: ring_seconds("all_gather", w * params, g, link)  # noqa: E731
-    scatter = lambda params: ring_seconds("reduce_scatter", rb * params, g, link)  # noqa: E731
-    replicate = lambda params: ring_seconds(
-        "all_reduce", rb * params / g, replicas, across
-    )  # noqa: E731
+
+    def gather(params):
+        return ring_seconds("all_gather", w * params, g, link)
+
+    def scatter(params):
+        return ring_seconds("reduce_scatter", rb * params, g, link)
+
+    def replicate(params):
+        return ring_seconds("all_reduce", rb * params / g, replicas, across)
+
     block, root = shape.block_params(), shape.root_params()
     ag, rs, ar = gather(block), scatter(block), replicate(block)
     hide = (

@@ -1,7 +1,8 @@
-"""The planner as a page: a static HTML form that predicts memory and step time with no
-kernel.
+"""The planner as a page: a static HTML form that predicts memory and step time with
+no kernel.
 
-    display(HTML(planner_html()))   # in book/planner.md: works in the built book, offline
+    # in book/planner.md: works in the built book, offline
+    display(HTML(planner_html()))
 
 Presentation only: the numbers come from ``distlab.tools.planner``. ``planner_data()``
 exports, from the Python objects themselves, every count and constant ``predict`` uses;
@@ -90,8 +91,8 @@ def shape_data(s: ModelShape) -> dict:
         "loss_bytes_per_token": {
             p: s.loss_bytes_per_token(w) for p, w in PRECISIONS.items()
         },
-        # flops_per_token(T) is affine in T (6 per matmul weight + 12*L*C*T): its two
-        # coefficients
+        # flops_per_token(T) is affine in T (6 per matmul weight + 12*L*C*T): its
+        # two coefficients
         "flops_per_token": {
             "constant": s.flops_per_token(0),
             "per_position": s.flops_per_token(1) - s.flops_per_token(0),
@@ -188,7 +189,10 @@ def planner_html(uid: str = "distlab-planner") -> str:
     networks = {"": "none: one node"} | {
         k: v["label"] for k, v in data["networks"].items()
     }
-    field = 'style="display:flex;justify-content:space-between;align-items:center;gap:8px;min-width:0"'
+    field = (
+        'style="display:flex;justify-content:space-between;align-items:center;'
+        'gap:8px;min-width:0"'
+    )
     rows = [
         ("model", _select("model", {k: v["label"] for k, v in data["shapes"].items()})),
         ("GPU", _select("gpu", {k: v["label"] for k, v in data["gpus"].items()})),
@@ -226,4 +230,4 @@ def planner_html(uid: str = "distlab-planner") -> str:
 </form>
 <div class="out" style="margin-top:8px"></div>
 <script>{script}distlabPlanner({json.dumps(uid)});</script>
-</div>"""
+</div>"""  # noqa: E501 (a data string: HTML or JavaScript)

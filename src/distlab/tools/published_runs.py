@@ -28,18 +28,18 @@ TT_DEFAULTS = TT_COMMIT + "torchtitan/config_manager.py"
 TT_70B_TOML = (
     TT + "08e537949f497065e497c88a1797a14a57678239/train_configs/llama3_70b.toml"
 )
-TT_AC = (
-    TT
-    + "004b3148a92b565ef0ce7a7bcc61e0159c7ec930/torchtitan/parallelisms/parallelize_llama.py"
+TT_AC = TT + (
+    "004b3148a92b565ef0ce7a7bcc61e0159c7ec930/"
+    "torchtitan/parallelisms/parallelize_llama.py"
 )
 TT_FFN = (
     TT + "0199cbc1ba671c15df501fd9aa8bb68afd4352fd/torchtitan/models/llama/model.py"
 )
 TT_TRAIN_OLD = TT + "5604ab163deb5ee50b051bf148e4bc514c08dfdb/train.py"
 TT_TRAIN_NEW = TT_COMMIT + "train.py"
-META_ARGS = (
-    GH
-    + "meta-llama/llama-models/blob/084b88e939e954d2851ee28f96398ca54aa8f8f9/models/sku_list.py"
+META_ARGS = GH + (
+    "meta-llama/llama-models/blob/084b88e939e954d2851ee28f96398ca54aa8f8f9/"
+    "models/sku_list.py"
 )
 OLDER_TT_ROWS = (
     "8B selective layer 2876 WPS 56.3%; 8B selective op 2973 / 58.2%; 70B full 323 "
@@ -255,8 +255,10 @@ PUBLISHED_RUNS += [
         "gpus": 8,
         "gpus_per_node": 8,
         "network": "nvlink-a100",
-        "network_note": "One node: all traffic over NVLink; the script names the node, not its "
-        "interconnect.",
+        "network_note": (
+            "One node: all traffic over NVLink; the script names the node, not its "
+            "interconnect."
+        ),
         "plan": {**LLMC_PLAN, "micro_batch": 64, "accum_steps": 1, "gelu_fusion": 0},
         "published": {
             "tokens_per_s_per_gpu": 524288 / 0.300 / 8,  # derived: 218,453
@@ -285,8 +287,10 @@ PUBLISHED_RUNS += [
         "gpus": 8,
         "gpus_per_node": 8,
         "network": "nvlink-h100",
-        "network_note": "One node: all traffic over NVLink; the script names the node, not its "
-        "interconnect.",
+        "network_note": (
+            "One node: all traffic over NVLink; the script names the node, not its "
+            "interconnect."
+        ),
         "plan": {**LLMC_PLAN, "micro_batch": 16, "accum_steps": 8, "gelu_fusion": 1},
         "published": {
             "tokens_per_s_per_gpu": 1048576 / 2.80 / 8,  # derived: 46,811

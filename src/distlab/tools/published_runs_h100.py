@@ -2,7 +2,10 @@
 per GPU.
 
     from distlab.tools.published_runs_h100 import H100_RUNS
-    [(run["name"], run["published"]["memory_bytes_per_gpu"] / 2**30) for run in H100_RUNS]
+    [
+        (run["name"], run["published"]["memory_bytes_per_gpu"] / 2**30)
+        for run in H100_RUNS
+    ]
 
 Same schema as ``distlab.tools.published_runs.PUBLISHED_RUNS`` plus
 ``published["memory_kind"]``. Kept in its own module so that file stays under the house
@@ -26,9 +29,9 @@ TT_H100_DOC = TT + "eaea6f6a2fa940f03a10906be1df3489cf30af85/docs/performance.md
 TT_8B_TOML_CP = (
     TT + "6e55afaa7dba43e3f36782f0955dfb04467500ec/train_configs/llama3_8b.toml"
 )
-TT_SAC = (
-    TT
-    + "582fe7d1f52ef96987a9d5265b3e2bbefc92d583/torchtitan/parallelisms/parallelize_llama.py"
+TT_SAC = TT + (
+    "582fe7d1f52ef96987a9d5265b3e2bbefc92d583/"
+    "torchtitan/parallelisms/parallelize_llama.py"
 )
 TT_MEMORY = (
     "torchtitan logs two peaks from torch.cuda.memory_stats: max_active_gib "
@@ -76,8 +79,8 @@ GRAND_TETON_NOTE = (
 TT_H100_PLAN = {
     # 'FSDP' in 1D tables; data_parallel_shard_degree = -1 in the toml (all ranks)
     "strategy": "fsdp2",
-    # derived: 'global batch size 16' = local 2 x 8 GPUs (256 = 2 x 128): no
-    # accumulation
+    # derived: 'global batch size 16' = local 2 x 8 GPUs (256 = 2 x 128):
+    # no accumulation
     "accum_steps": 1,
     # toml sets none: defaults mixed_precision_param / _reduce (TT_DEFAULTS)
     "param_dtype": "bfloat16",
@@ -118,12 +121,14 @@ FLOAT8_NOTE = (
 def _tt_h100(
     name, table, row, *, gpus, batch, seq_len, ac, compile, float8, tps, gib, notes
 ):
-    """One row of the doc; ``row`` is the table line as written, quoted with its table
-    caption."""
+    """One row of the doc; ``row`` is the table line as written, quoted with its
+    table caption."""
     return {
         "name": name,
-        "title": f"torchtitan Llama 3.1 8B, {row.split('|')[1].strip()}, on {gpus} H100 "
-        "96GB (500 W)",
+        "title": (
+            f"torchtitan Llama 3.1 8B, {row.split('|')[1].strip()}, on {gpus} H100 "
+            "96GB (500 W)"
+        ),
         "source": TT_H100_DOC,
         "quote": table + " " + row,
         # Llama 3.1 8B: the same sizes as Llama 3 8B

@@ -1,8 +1,12 @@
 """Which plan to run: every plan that fits, ranked by the tokens/s the planner predicts,
 and why the winner wins.
 
-    ranked = recommend(shape("llama3-8b"), gpu_cluster("h100-sxm", 64, network="ib-400g"), seq_len=8192,
-                       global_batch=512)
+    ranked = recommend(
+        shape("llama3-8b"),
+        gpu_cluster("h100-sxm", 64, network="ib-400g"),
+        seq_len=8192,
+        global_batch=512,
+    )
     print(explain(ranked))
 
 A plan is a strategy, an activation-checkpointing mode and a micro-batch; the
@@ -97,8 +101,8 @@ def describe(plan: Plan) -> str:
 
 
 def explain(ranked: list[tuple[Plan, dict]], top: int = 5) -> str:
-    """The ranking as lines, then why the first beats the second: what each exposes and
-    recomputes."""
+    """The ranking as lines, then why the first beats the second: what each exposes
+    and recomputes."""
     if not ranked:
         return "no plan fits: more GPUs, a shorter sequence, or a smaller model"
     lines = []

@@ -1,9 +1,11 @@
-"""Run logs: list the runs the labs wrote, one line each, and plot their metrics side by
-side.
+r"""Run logs: list the runs the labs wrote, one line each, and plot their metrics side
+by side.
 
-    python -m distlab.tools.runs list                      # every run under runs/
+    # every run under runs/
+    python -m distlab.tools.runs list
     python -m distlab.tools.runs summary runs/lab2 runs/lab4
-    python -m distlab.tools.runs plot runs/lab2 runs/lab4 --metric loss val_loss --out curves.png
+    python -m distlab.tools.runs plot runs/lab2 runs/lab4 --metric loss val_loss \
+        --out curves.png
 
 A run is a folder with the ``metrics.jsonl`` every lab writes (one line per step: loss,
 lr, grad_norm, tokens_per_s, step_s, and val_loss on evaluation steps) and, once it
@@ -25,7 +27,8 @@ METRICS = ("loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "step_s")
 
 
 def find_runs(root: str | Path = "runs") -> list[Path]:
-    """Folders under ``root`` (itself included) that hold a metrics.jsonl, oldest first."""
+    """Folders under ``root`` (itself included) that hold a metrics.jsonl,
+    oldest first."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"no folder {root}")
@@ -43,8 +46,8 @@ def _check_run(run: str | Path) -> Path:
 
 
 def summarise(run: str | Path) -> dict:
-    """One run in a few fields, from its summary.json, or from its metrics if it has
-    none."""
+    """One run in a few fields, from its summary.json, or from its metrics if it
+    has none."""
     run = _check_run(run)
     lines = read_metrics(run)
     summary = read_summary(run) if (run / "summary.json").is_file() else {}
@@ -93,8 +96,8 @@ def plot_runs(
     labels: list[str] | None = None,
     axes=None,
 ):
-    """Each metric in its own panel, one line per run, against the step; returns the
-    figure."""
+    """Each metric in its own panel, one line per run, against the step; returns
+    the figure."""
     import matplotlib.pyplot as plt
 
     runs = [_check_run(r) for r in runs]

@@ -2,9 +2,12 @@
 depend on.
 
     shape = SHAPES["llama3-8b"]
-    shape.n_params()                      # 8,030,261,248, Meta's count
-    shape.flops_per_token(8192)           # the book's 6N + 12*L*C*T
-    shape.saved_values_per_token()        # activation values one block keeps for backward
+    # 8,030,261,248, Meta's count
+    shape.n_params()
+    # the book's 6N + 12*L*C*T
+    shape.flops_per_token(8192)
+    # activation values one block keeps for backward
+    shape.saved_values_per_token()
 
 Two families: GPT-2 (the book's own model: LayerNorm, GELU MLP of width 4C, biases,
 learned positions, the head tied to the embedding) and Llama 3 (RMSNorm, SwiGLU MLP,
@@ -47,8 +50,8 @@ class ModelShape:
     # --- begin parameters ---
     def block_matmul_params(self) -> int:
         """Weights that multiply activations in one block: q, k, v and the output
-        projection, then the MLP's two matrices (GELU) or three (SwiGLU: gate, up,
-        down)."""
+        projection, then the MLP's two matrices (GELU) or three (SwiGLU: gate,
+        up, down)."""
         C, kv, F = self.d_model, self.kv_dim, self.ffn_hidden
         return C * (C + 2 * kv) + C * C + (2 if self.gpt2 else 3) * C * F
 
@@ -73,8 +76,8 @@ class ModelShape:
         return self.n_layer * self.block_params() + self.root_params()
 
     def matmul_params(self) -> int:
-        """Weights that multiply activations: every block's and the head's (tied or
-        not)."""
+        """Weights that multiply activations: every block's and the head's (tied
+        or not)."""
         return (
             self.n_layer * self.block_matmul_params() + self.vocab_size * self.d_model
         )
@@ -117,8 +120,8 @@ class ModelShape:
         embedding reads and writes q and k. Backward: a norm reads its input and the
         gradient and writes one (3C); a residual add's gradient is summed where the two
         paths meet (3C); GELU reads its input and the gradient and writes one (3F);
-        SwiGLU reads four tensors and writes two (6F); rotary reads and writes q and k's
-        gradients."""
+        SwiGLU reads four tensors and writes two (6F); rotary reads and writes q and
+        k's gradients."""
         C, kv, F = self.d_model, self.kv_dim, self.ffn_hidden
         rope = 0 if self.gpt2 else 2 * (C + kv)
         mlp_fwd, mlp_bwd = (2 * F, 3 * F) if self.gpt2 else (5 * F, 6 * F)

@@ -6,10 +6,9 @@ main process, and the DataLoader hands the workers disjoint indices. An
 ``IterableDataset`` has no sampler: every copy of it, one per worker process of every
 rank, runs ``__iter__`` from the start, so it has to pick its own part of the stream.
 With N ranks of W workers there are N x W readers; reader ``rank * W + worker`` takes
-items ``k`` with ``k % (N * W)`` equal to
-its number:
+items ``k`` with ``k % (N * W)`` equal to its number:
 
-    dataset = ShardedIterable(file_names)           # rank and world size read here, once
+    dataset = ShardedIterable(file_names)  # rank and world size read here, once
     loader = DataLoader(dataset, batch_size=None, num_workers=4)
 """
 
@@ -33,8 +32,8 @@ def worker_shard(rank: int, world_size: int) -> tuple[int, int]:
 
 
 class ShardedIterable(IterableDataset):
-    """Yield this reader's share of ``items``: every ``(N x W)``-th item, from its own
-    offset."""
+    """Yield this reader's share of ``items``: every ``(N x W)``-th item, from its
+    own offset."""
 
     def __init__(
         self, items: Sequence, rank: int | None = None, world_size: int | None = None

@@ -1,7 +1,8 @@
 """A model of one DDP step: will the gradient all-reduce hide behind the backward pass?
 
     link = Link("my cluster", alpha=10e-6, busbw=40e9, source="nccl-tests on 2 nodes")
-    smallest_batch(preset("gpt2"), n=16, link=link, flops_per_s=0.4 * 989.5e12)  # sequences per GPU
+    # sequences per GPU
+    smallest_batch(preset("gpt2"), n=16, link=link, flops_per_s=0.4 * 989.5e12)
 
 The step: forward (1/3 of the compute), backward (2/3), and DDP's buckets, each
 all-reduced with the ring as soon as backward has produced its last gradient, one after
@@ -32,8 +33,8 @@ DEFAULT_CAP_BYTES = 25 * MiB  # DDP's bucket_cap_mb default
 
 @dataclass(frozen=True)
 class Link:
-    """What one rank's all-reduce runs over: a per-step latency and a bus bandwidth
-    (bytes/s)."""
+    """What one rank's all-reduce runs over: a per-step latency and a bus
+    bandwidth (bytes/s)."""
 
     name: str
     alpha: float  # seconds per ring step
@@ -173,8 +174,8 @@ def smallest_batch(
     most: int = 2**20,
 ) -> int | None:
     """The fewest sequences per GPU (of ``cfg.block_size`` tokens) whose step reaches
-    ``target`` efficiency; None if not even ``most`` do (the latency alone is too
-    large)."""
+    ``target`` efficiency; None if not even ``most`` do (the latency alone is
+    too large)."""
     if not 0 < target < 1:
         raise UserError(f"target efficiency must be between 0 and 1, got {target}")
     buckets = ddp_default_buckets(cfg)
