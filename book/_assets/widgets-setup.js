@@ -1,5 +1,5 @@
 // Ours, not vendored: loaded after require.js and before the widget manager (embed-amd.js) on
-// the pages that show ipywidgets. It fixes two things the manager does not do on its own.
+// the pages that show ipywidgets. It fixes three things the manager does not do on its own.
 (function () {
   // 1. The manager's modules find their icon fonts next to the URL RequireJS gives them,
   //    which by default is relative to the page (page-dir/@jupyter-widgets/...): a 404 on every
@@ -32,4 +32,15 @@
       current = value;
     },
   });
+
+  // 3. The theme's FontAwesome swaps every <i class="fa ..."> for an <svg>. The Play
+  //    widget then finds no <i> in its button when its value changes and throws, and the
+  //    throw stops the jslinks that follow (the slider no longer moves the views). Nest
+  //    the svg inside the <i> instead.
+  if (window.FontAwesome && window.FontAwesome.config)
+    window.FontAwesome.config.autoReplaceSvg = "nest";
+  else
+    window.FontAwesomeConfig = Object.assign(window.FontAwesomeConfig || {}, {
+      autoReplaceSvg: "nest",
+    });
 })();

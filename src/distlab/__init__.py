@@ -14,8 +14,8 @@ lab's diff changes.
     parallel    DDP, FSDP2, activation checkpointing and torch.compile, applied to the
                 model from outside
     checkpoint  save and resume with DCP; plain weights in and out
-    accel       lab 6's Accelerator and the checks that turn its quiet fallbacks into
-                errors
+    accel       lab 6's Accelerator, its prepare, and the checks that turn its quiet
+                fallbacks into errors
     cli         a config dataclass from the command line; one-line errors
     errors      ``UserError``: a mistake the user can fix, reported in one line
     metrics     metrics.jsonl and summary.json of a run; the steps between logs, timed
@@ -27,22 +27,31 @@ lab's diff changes.
 Around it, one subpackage per role:
 
     scratch/    the mechanisms rebuilt by hand (collectives, data_parallel, ddp, fsdp,
-                a halving-doubling all-reduce, SyncBatchNorm), each tested equal to
-                PyTorch's own
+                a halving-doubling all-reduce, SyncBatchNorm, DistributedSampler's
+                deal), each tested equal to PyTorch's own, with the pictures and
+                stepping widgets drawn from them
     chapters/   one module per chapter page, named after it: ``chapters/fsdp2.py``
                 holds the experiments ``book/fsdp2.md`` runs
     exercises/  the checkers of the exercises that ask for code, named after their page
     tools/      what a reader keeps using after the book: the debugging tools, the
                 run-log CLI (``python -m distlab.tools.runs``), the memory calculator,
                 the DDP step model and all-reduce cost models, counters of collectives'
-                bytes, a straggler detector, and the planner
+                bytes, the collectives each rank issued (``collective_lanes``), DDP's
+                bucket firing order, an exact distributed evaluation, a straggler
+                detector, and the planner
                 (``python -m distlab.tools.plan``: memory and step time of a run from
                 model shapes, GPUs and networks, and published runs)
     bench/      the benchmarks (``python -m distlab.bench``,
-                ``python -m distlab.bench.ddp``, ...) and the recorded
-                results' provenance
+                ``python -m distlab.bench.ddp``, ...), the lab scripts as the labs
+                benchmark runs them (``lab_scripts``) and the recorded results'
+                provenance
     infra/      plumbing for pages and tests: launching ranks from a notebook,
-                repository paths, the experiment harness, tables, lab diffs
+                repository paths, the experiment harness, tables, lab diffs, the
+                page anatomy (``page_anatomy``), live timings worded with a guard
+                (``claims``), the DDP lab pages' figures (``ddp_labs``), the landing
+                page's reading path (``reading_path``: core pages and reference
+                pages, with reading times computed from their sources) and its
+                figures (``landing``)
 
 Who may import whom (an arrow is "may import"; nothing imports upward):
 

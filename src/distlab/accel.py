@@ -11,7 +11,9 @@ what it was asked (each fallback is reproduced in the Accelerate chapter):
 
 So the device choice still comes from ``distlab.runtime`` (the one place that knows
 about CPU vs GPU), and ``check_processes`` / ``check_strategy`` turn each fallback into
-an error.
+an error. Lab 6 builds its Accelerator with ``checked_accelerator``
+(``make_accelerator`` between the checks that can run before training), hands it the
+model with ``prepare``, and calls ``check_strategy`` on what comes back.
 
 With ``--fsdp`` the lab shards the model itself, checkpoint first
 (``parallel.apply_fsdp``), on GPUs as on CPU ranks: Accelerate 1.15's plugin, left to
@@ -144,6 +146,54 @@ def check_processes(accelerator) -> None:
             f"Accelerate chose the {accelerator.state.backend} backend; "
             f"{accelerator.device} needs {want}"
         )
+
+
+def checked_accelerator(cfg, world_size: int, device: torch.device, accum_steps: int):
+    """Lab 6's Accelerator, ``make_accelerator`` from its ``cfg``, between two checks:
+    the FSDP runs it cannot give stop before any process group exists, and the group
+    Accelerate made must hold every launched process."""
+    # FSDP that cannot be given stops here, on every rank
+    check_fsdp_request(cfg, world_size, device)
+    accelerator = make_accelerator(
+        device,
+        cfg.dtype,
+        accum_steps,
+        cfg.sync_every_micro_batch,
+        cfg.timeout_s,
+        cfg.fsdp,
+    )
+    # N launched processes must be one group of N, not N groups of one
+    check_processes(accelerator)
+    return accelerator
+
+
+def launch_report(accelerator, strategy: str) -> str:
+    """One line for the run's start: the processes Accelerate sees against those
+    launched, its mode, and what trains (``check_strategy``'s answer)."""
+    return (
+        f"accelerate: {accelerator.num_processes} process(es) of "
+        f"{launched_processes()} launched, "
+        f"{accelerator.distributed_type}, training with {strategy}"
+    )
+
+
+def prepare(accelerator, model: nn.Module, optimizer, fsdp: bool):
+    """``accelerator.prepare`` as lab 6 needs it; returns the model and the optimizer to
+    train with.
+
+    Model and optimizer go in together (DDP on N ranks, nothing on one process, and in
+    FSDP2 mode on GPUs the lab's own units kept), except with ``fsdp`` on CPU ranks:
+    there Accelerate has no FSDP2 mode, so the sharded model stays out and only the
+    optimizer is prepared (the Accelerate chapter shows what that costs).
+    """
+    # CPU: no FSDP2 mode (prepare would wrap DDP round it)
+    if fsdp and not accelerator.is_fsdp2:
+        # the model is not given to Accelerate
+        return model, accelerator.prepare(optimizer)
+    # DDP on N ranks, nothing on one process; in FSDP2 mode (GPUs) prepare keeps our
+    # units. Together: Accelerate's FSDP2 mode refuses them apart (it maps the optimizer
+    # onto the shards)
+    return accelerator.prepare(model, optimizer)
 
 
 def strategy_of(model: nn.Module) -> str:

@@ -16,9 +16,12 @@ datasheet gives 67 TFLOP/s for true fp32 and 494.5 when TF32 is allowed (the lab
 its own setting and records that setting with the peak (``peak_measured_with``), so no
 peak is ever read under a precision it was not timed with.
 
-An MFU above 1 is a measurement error, not a fast run: the matmul that set the "peak"
-ran slower than the model did (the machine was busier while it was timed).
-``utilisation`` says so with a warning and records no MFU rather than a wrong one.
+An MFU above 1 is not a fast run; one of three things happened. The numerator credits
+the whole causal attention product, which a fused kernel computes about half of (the
+larger the context, the more this overstates). A model matmul of another shape can run
+faster than the one square matmul that set the "peak". Or the machine was busier while
+the peak was timed than during the run. ``utilisation`` says so with a warning and
+records no MFU rather than a wrong one.
 """
 
 from __future__ import annotations
@@ -241,9 +244,9 @@ def mfu_or_none(
     if ratio > 1:
         warnings.warn(
             f"MFU {ratio:.2f} > 1 against the {of_what} "
-            f"({peak_flops_per_s / 1e9:,.0f} GFLOP/s): that peak was "
-            "not a peak (most likely the machine was busier while the matmul "
-            "was timed than during the run); "
+            f"({peak_flops_per_s / 1e9:,.0f} GFLOP/s): not a peak for this run "
+            "(the formula credits attention's masked half, a model matmul beat the "
+            "square probe, or the probe ran while the machine was busier); "
             "MFU not recorded",
             RuntimeWarning,
             stacklevel=2,

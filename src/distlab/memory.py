@@ -209,6 +209,27 @@ def activation_peak_bytes(
     return {"saved": activations(after_forward), "peak": tracker.most}
 
 
+def memory_tracker(model: nn.Module, optimizer: torch.optim.Optimizer):
+    """PyTorch's memory tracker for ``model`` and its optimizer, to enter around what
+    it measures: ``FSDPMemTracker`` for an FSDP2 model (it tells shards from gathered
+    parameters), else ``MemTracker`` (private APIs of torch 2.13, on CPU and GPU)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        # Accelerate's wrapper: the trackers hook the real one
+        optimizer = optimizer.optimizer
+
+    if isinstance(model, FSDPModule):
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        return FSDPMemTracker(model, optimizer)
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    return tracker
+
+
 # the tracker's categories, by the names the labs' summaries use
 _KINDS = {
     "PARAM": "params",
@@ -264,7 +285,7 @@ class StepMemory:
     def begin(self) -> None:
         self._steps_seen += 1
         if self.enabled and self._steps_seen == 2:
-            self._tracker = self._make_tracker()
+            self._tracker = memory_tracker(self.model, self.optimizer)
             # the tracker refuses a second forward of the whole model within its context
             # (it takes it for the next iteration), but with gradient accumulation a
             # step has one per micro-batch: forget the per-module statistics (we do not
@@ -290,21 +311,3 @@ class StepMemory:
             _KINDS.get(str(kind).rsplit(".", 1)[-1], str(kind)): int(n)
             for kind, n in by_kind.items()
         }
-
-    def _make_tracker(self):
-        from torch.distributed.fsdp import FSDPModule
-
-        optimizer = self.optimizer
-        while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
-            # Accelerate's wrapper: the trackers hook the real one
-            optimizer = optimizer.optimizer
-
-        if isinstance(self.model, FSDPModule):
-            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-            return FSDPMemTracker(self.model, optimizer)
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        tracker = MemTracker()
-        tracker.track_external(self.model, optimizer)
-        return tracker

@@ -22,9 +22,11 @@ threads per process and the clean-up are this script's job.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -47,6 +49,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# --- begin setup ---
 def setup(
     rank: int, world_size: int, port: int | None, device: str = "auto"
 ) -> torch.device:
@@ -69,8 +72,21 @@ def setup(
     return device
 
 
+# --- end setup ---
+
+
 def cleanup() -> None:
     dist.destroy_process_group()
+
+
+def report(folder: str | None, rank: int, env: dict, losses: list[float]) -> None:
+    """With ``--report DIR``: what this rank got from its launcher (its process ids,
+    the environment it started with, its threads) and its losses, one file per rank.
+    The book draws its launch figure from these files."""
+    if folder:
+        info = {"rank": rank, "pid": os.getpid(), "ppid": os.getppid(), "env": env}
+        info |= {"threads": torch.get_num_threads(), "losses": losses}
+        Path(folder, f"rank{rank}.json").write_text(json.dumps(info))
 
 
 def train(
@@ -79,7 +95,9 @@ def train(
     port: int | None,
     steps: int = 5,
     device_request: str = "auto",
+    report_dir: str | None = None,
 ) -> None:
+    env = dict(os.environ)  # as the launcher left it (torch adds to it later)
     device = setup(rank, world_size, port, device_request)
     try:
         data = TokenData(load_corpus())
@@ -116,6 +134,7 @@ def train(
             end="",
             flush=True,
         )
+        report(report_dir, rank, env, losses)
     finally:
         # free DDP before its group: destroyed from DDP's side, gloo can hang
         # (debugging chapter)
@@ -123,6 +142,7 @@ def train(
         cleanup()
 
 
+# --- begin main ---
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -135,6 +155,7 @@ def main() -> None:
     parser.add_argument(
         "--device", default="auto", help="auto (a GPU per rank if any), cpu or cuda"
     )
+    parser.add_argument("--report", help="a folder: each rank writes what it got there")
     args = parser.parse_args()
     if "LOCAL_RANK" in os.environ:  # torchrun started this process and set the env vars
         train(
@@ -143,16 +164,20 @@ def main() -> None:
             None,
             args.steps,
             args.device,
+            args.report,
         )
         return
     port = free_port()
     # train must be importable by name: spawn pickles a reference to it, not its code
     mp.spawn(
         train,
-        args=(args.nprocs, port, args.steps, args.device),
+        args=(args.nprocs, port, args.steps, args.device, args.report),
         nprocs=args.nprocs,
         join=True,
     )
+
+
+# --- end main ---
 
 
 if __name__ == "__main__":

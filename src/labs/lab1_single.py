@@ -130,8 +130,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     # fused: one kernel for the whole update instead of the default (a loop over the
-    # tensors on a CPU, foreach kernels on a GPU); the single-device chapter times both
-    # on this model
+    # tensors on a CPU, foreach kernels on a GPU); the single-device chapter counts the
+    # operators of both
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)
 
 

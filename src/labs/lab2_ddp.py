@@ -148,8 +148,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     # fused: one kernel for the whole update instead of the default (a loop over the
-    # tensors on a CPU, foreach kernels on a GPU); the single-device chapter times both
-    # on this model
+    # tensors on a CPU, foreach kernels on a GPU); the single-device chapter counts the
+    # operators of both
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)
 
 
@@ -164,7 +164,7 @@ def evaluate(model, data, cfg, block_size, rank, world_size, device) -> float:
         with autocast(device, cfg.dtype):
             _, loss = model(x, y)
         total += loss.float()
-    # sum over ranks (gloo has no AVG), so every rank logs the same mean
+    # SUM then divide, on any backend and dtype: every rank logs the same mean
     dist.all_reduce(total)
     mean = total / (cfg.eval_batches * world_size)
     model.train()

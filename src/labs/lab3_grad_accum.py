@@ -1,8 +1,8 @@
 r"""Lab 3: lab 2 + gradient accumulation. The global batch stays B whatever N and
 memory allow.
 
-Each rank runs B / (N * micro_batch_size) micro-batches per step and all-reduces only on
-the last one: the others run under DDP's no_sync(), which skips the gradient all-reduce.
+Each rank runs B / (N * micro_batch_size) micro-batches per step and all-reduces on
+the last one only: the others run under DDP's no_sync(), which skips the all-reduce.
 
 Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces one):
     torchrun --standalone --nproc-per-node=2 src/labs/lab3_grad_accum.py \
@@ -118,14 +118,8 @@ class TrainConfig:
     track_memory: bool = False
 
     def __post_init__(self):
-        require_positive(
-            self,
-            "batch_size",
-            "micro_batch_size",
-            "eval_every",
-            "eval_batches",
-            "log_every",
-        )
+        require_positive(self, "batch_size", "eval_every", "eval_batches", "log_every")
+        require_positive(self, "micro_batch_size")
         # 0 is allowed: evaluate and sample the initial (or --init-from) weights
         if self.steps < 0:
             raise UserError(f"--steps must be 0 or more, got {self.steps}")
@@ -161,8 +155,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     # fused: one kernel for the whole update instead of the default (a loop over the
-    # tensors on a CPU, foreach kernels on a GPU); the single-device chapter times both
-    # on this model
+    # tensors on a CPU, foreach kernels on a GPU); the single-device chapter counts the
+    # operators of both
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)
 
 
@@ -170,14 +164,17 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
 def evaluate(model, data, cfg, block_size, rank, world_size, device) -> float:
     model.eval()
     total = torch.zeros((), device=device)
+    # micro-batches as in training: B/N rows at once hold (B/N, T, vocab) logits
+    m = cfg.micro_batch_size
     for i in range(cfg.eval_batches):  # the same validation batches every time
         x, y = data.batch(
             "val", i, cfg.batch_size, block_size, cfg.seed, rank, world_size, device
         )
-        with autocast(device, cfg.dtype):
-            _, loss = model(x, y)
-        total += loss.float()
-    # sum over ranks (gloo has no AVG), so every rank logs the same mean
+        for xm, ym in zip(x.split(m), y.split(m)):
+            with autocast(device, cfg.dtype):
+                _, loss = model(xm, ym)
+            total += loss.float() * len(xm) / len(x)  # the mean over the B/N rows
+    # SUM then divide, on any backend and dtype: every rank logs the same mean
     dist.all_reduce(total)
     mean = total / (cfg.eval_batches * world_size)
     model.train()

@@ -36,11 +36,10 @@ from tqdm import tqdm
 
 from distlab.accel import (
     AcceleratorCheckpoints,
-    check_fsdp_request,
-    check_processes,
     check_strategy,
-    launched_processes,
-    make_accelerator,
+    checked_accelerator,
+    launch_report,
+    prepare,
 )
 from distlab.checkpoint import load_plain_weights, save_plain_weights
 from distlab.cli import parse_config, require_positive, run
@@ -133,15 +132,8 @@ class TrainConfig:
     track_memory: bool = False
 
     def __post_init__(self):
-        require_positive(
-            self,
-            "batch_size",
-            "micro_batch_size",
-            "eval_every",
-            "eval_batches",
-            "log_every",
-            "ac_every",
-        )
+        require_positive(self, "batch_size", "eval_every", "eval_batches", "log_every")
+        require_positive(self, "micro_batch_size", "ac_every")
         # 0 is allowed: evaluate and sample the initial (or --init-from) weights
         if self.steps < 0:
             raise UserError(f"--steps must be 0 or more, got {self.steps}")
@@ -181,8 +173,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     # fused: one kernel for the whole update instead of the default (a loop over the
-    # tensors on a CPU, foreach kernels on a GPU); the single-device chapter times both
-    # on this model
+    # tensors on a CPU, foreach kernels on a GPU); the single-device chapter counts the
+    # operators of both
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)
 
 
@@ -192,13 +184,16 @@ def evaluate(
 ) -> float:
     model.eval()
     losses = torch.zeros(cfg.eval_batches, device=device)
+    # micro-batches as in training: B/N rows at once hold (B/N, T, vocab) logits
+    m = cfg.micro_batch_size
     for i in range(cfg.eval_batches):  # the same validation batches every time
         x, y = data.batch(
             "val", i, cfg.batch_size, block_size, cfg.seed, rank, world_size, device
         )
-        # bf16: prepare made DDP's forward autocast; FSDP2's policy casts
-        _, loss = model(x, y)
-        losses[i] = loss.float()
+        for xm, ym in zip(x.split(m), y.split(m)):
+            # bf16: prepare made DDP's forward autocast; FSDP2's policy casts
+            _, loss = model(xm, ym)
+            losses[i] += loss.float() * len(xm) / len(x)  # the mean over the B/N rows
     # every rank's losses: every rank logs one mean
     mean = accelerator.gather_for_metrics(losses).mean()
     model.train()
@@ -219,18 +214,9 @@ def main() -> None:
     # the one place that chooses CPU or GPU
     device = pick_device(cfg.device, local_rank)
     use_tf32(cfg.tf32)  # fp32 matmuls on CUDA: TF32 or full fp32
-    # FSDP that cannot be given stops here, on every rank
-    check_fsdp_request(cfg, world_size, device)
-    accelerator = make_accelerator(
-        device,
-        cfg.dtype,
-        accum_steps,
-        cfg.sync_every_micro_batch,
-        cfg.timeout_s,
-        cfg.fsdp,
-    )
-    # N launched processes must be one group of N, not N groups of one
-    check_processes(accelerator)
+    # on every rank: FSDP it cannot give stops before any process group, and N launched
+    # processes must be one group of N, not N groups of one
+    accelerator = checked_accelerator(cfg, world_size, device, accum_steps)
 
     corpus = load_corpus(cfg.data or None)
     data = TokenData(corpus)
@@ -253,16 +239,9 @@ def main() -> None:
         model = apply_fsdp(
             model, param_dtype=None if cfg.dtype == "fp32" else DTYPES[cfg.dtype]
         )
-    # CPU: no FSDP2 mode (prepare would wrap DDP round it)
-    if cfg.fsdp and not accelerator.is_fsdp2:
-        # the model is not given to Accelerate
-        optimizer = accelerator.prepare(make_optimizer(model, cfg))
-    # DDP on N ranks, nothing on one process; in FSDP2 mode (GPUs) prepare keeps
-    # our units
-    else:
-        # together: Accelerate's FSDP2 mode refuses them apart (it maps the optimizer
-        # onto the shards)
-        model, optimizer = accelerator.prepare(model, make_optimizer(model, cfg))
+    # DDP on N ranks, nothing on one process, our units in FSDP2 mode (GPUs); with
+    # --fsdp on CPU ranks the optimizer alone (prepare would wrap DDP round the shards)
+    model, optimizer = prepare(accelerator, model, make_optimizer(model, cfg), cfg.fsdp)
     # never train with something other than asked
     strategy = check_strategy(model, accelerator, cfg.fsdp)
     checkpoints = AcceleratorCheckpoints(cfg, accelerator)
@@ -274,11 +253,7 @@ def main() -> None:
             f"model: {count_parameters(model):,} parameters, data: "
             f"{corpus.source}, device: {device}"
         )
-        print(
-            f"accelerate: {accelerator.num_processes} process(es) of "
-            f"{launched_processes()} launched, "
-            f"{accelerator.distributed_type}, training with {strategy}"
-        )
+        print(launch_report(accelerator, strategy))
 
     log = RunLog(cfg.out, enabled=is_main)
     tokens_per_step = cfg.batch_size * T

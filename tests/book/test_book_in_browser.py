@@ -250,24 +250,42 @@ def test_the_diff_from_the_previous_lab_renders(crawl, page):
     ), d["header"]
 
 
-def test_ring_all_reduce_step_through_works_without_a_kernel(tab):
-    """The collectives chapter's ipywidgets (Play, slider, stacked views) are linked in
-    the browser (jslink), so moving the slider changes the shown step with no Python
-    behind it."""
-    tab.goto(f"{tab.base}collectives.html")
-    slider = tab.locator(".widget-slider").first
-    expect(slider).to_be_visible(timeout=15_000)
-    # a Stack shows one child
-    stack = tab.locator(".widget-vbox > .widget-box:not(.widget-hbox)").first
-    before = stack.inner_text()
-    readout = slider.locator(".widget-readout")
-    expect(readout).to_have_text("0")
-    slider.locator(".noUi-handle").focus()
-    tab.keyboard.press("ArrowRight")
-    expect(readout).to_have_text("1")
-    expect(stack).not_to_have_text(before)
-    tab.keyboard.press("ArrowRight")
-    expect(readout).to_have_text("2")
+def stepping_widget_pages(html: Path) -> list[str]:
+    """The pages whose widgets step through a mechanism (a Play linked to a slider)."""
+    return sorted(
+        str(p.relative_to(html).with_suffix(""))
+        for p in html.rglob("*.html")
+        if '"_model_name": "PlayModel"' in p.read_text()
+    )
+
+
+def test_every_stepping_widget_steps_without_a_kernel(site, tab):
+    """Each page's stepping widget (Play, slider, stacked views, linked in the browser
+    with jslink) works in the built HTML with no Python behind it: the slider moves the
+    shown view, Play moves the slider, and nothing throws. (The theme's FontAwesome once
+    replaced Play's icon, so Play threw and stopped the links: widgets-setup.js, 3.)"""
+    _, html, _ = site
+    pages = stepping_widget_pages(html)
+    assert len(pages) >= 4, f"too few stepping widgets found: {pages}"
+    errors = []
+    tab.on("pageerror", lambda e: errors.append(f"{tab.url}: {e}"))
+    for page in pages:
+        tab.goto(f"{tab.base}{page}.html")
+        widget = tab.locator(".widget-vbox", has=tab.locator(".widget-play")).first
+        slider = widget.locator(".widget-slider").first
+        expect(slider).to_be_visible(timeout=15_000)
+        # a Stack shows one child
+        stack = widget.locator(".widget-box:not(.widget-hbox)").last
+        before = stack.inner_text()
+        readout = slider.locator(".widget-readout")
+        start = int(readout.inner_text())
+        slider.locator(".noUi-handle").focus()
+        tab.keyboard.press("ArrowRight")
+        expect(readout).to_have_text(str(start + 1))
+        expect(stack).not_to_have_text(before)
+        widget.locator(".widget-play button").first.click()
+        expect(readout).not_to_have_text(str(start + 1), timeout=10_000)
+    assert not errors, errors
 
 
 def test_memory_calculator_answers_as_the_python_functions_do(tab):

@@ -15,7 +15,7 @@ import sys
 import pytest
 from torch.distributed.run import get_args_parser
 
-from distlab.bench.labs import load_lab
+from distlab.bench.lab_scripts import load_lab
 from distlab.cli import parse_config
 from distlab.infra.paths import REPO_ROOT
 from distlab.tools.runs import main as runs_cli

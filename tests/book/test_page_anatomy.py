@@ -36,7 +36,18 @@ def test_the_checks_catch_a_wide_line_a_late_figure_and_a_long_unfolded_page():
     wide = "<pre>" + "x" * 89 + "\n" + "y" * 88 + "</pre>"
     page = f'<article class="bd-article">{prose * 12}{figure}{wide}</article>'
     assert wide_code_lines(page) == ["x" * 89]
-    assert lines_before_first_figure(page) > 90
+    # a diff's marker column is not code: 88 columns of code show at 89
+    diff = (
+        '<div class="highlight-diff"><pre>+'
+        + "x" * 88
+        + "\n-"
+        + "y" * 89
+        + "</pre></div>"
+    )
+    assert wide_code_lines(f'<article class="bd-article">{diff}</article>') == [
+        "-" + "y" * 89
+    ]
+    assert lines_before_first_figure(page) > 56
     # the same figure first, and the text folded in a dropdown, pass
     early = (
         f'<article class="bd-article">{figure}<details>{prose * 12}</details></article>'

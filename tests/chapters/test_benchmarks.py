@@ -1,5 +1,6 @@
 """The benchmark harness, the recorded results the Benchmarks chapter reads, and the
-run-logs CLI."""
+run-logs CLI. The chapter's GPU section, tested on a CPU, is in
+tests/unit/test_bench_labs.py with the rest of the benchmark's GPU side."""
 
 import json
 import os
@@ -10,19 +11,17 @@ import pytest
 import torch
 
 from distlab.bench import labs as bench
-from distlab.bench.report import (
-    GPU_COMMAND,
-    RESULTS,
-    gpu_section,
-    recorded_results,
-    targets,
-)
+from distlab.bench.lab_scripts import LABS, lab_options, load_lab
+from distlab.bench.report import RESULTS, recorded_results, targets
 from distlab.chapters import benchmarks as chapter
 from distlab.chapters.benchmarks import loss_agreement, run, scaling
 from distlab.cli import parse_config
 from distlab.flops import ISA_FLAGS
 from distlab.infra.paths import REPO_ROOT
 from distlab.tools import runs
+
+# what every result's provenance names, on any machine
+PROVENANCE = {"machine", "cpu_count", "torch", "commit", "date", "command"}
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +59,7 @@ def test_the_harness_runs_every_lab_on_one_workload_and_they_train_the_same_mode
     result, folder = smoke
     assert json.loads((folder / "result.json").read_text()) == result
     assert result["schema"] == bench.SCHEMA
-    assert set(result["provenance"]) >= {
-        "machine",
-        "cpu_count",
-        "torch",
-        "commit",
-        "date",
-        "command",
-    }
+    assert set(result["provenance"]) >= PROVENANCE
     # what decides matmul speed, and how busy the machine was, from start to end
     prov = result["provenance"]
     assert set(prov["cpu_flags"]) == set(ISA_FLAGS) and prov["cpu_capability"]
@@ -167,7 +159,7 @@ def test_the_harness_refuses_a_workload_it_cannot_split(capsys):
 # still runs what was measured; every lab gained --compile, --log-every and --tf32
 # (issue 20), off, 1 and off unless asked for.
 GPU_OPTIONS = {"compile", "log_every", "tf32"}
-ADDED_SINCE_RECORDING = {lab: GPU_OPTIONS for lab in bench.LABS.values()} | {
+ADDED_SINCE_RECORDING = {lab: GPU_OPTIONS for lab in LABS.values()} | {
     "lab1_single": {"checkpoint_every", "keep_checkpoints", "resume"} | GPU_OPTIONS
 }
 
@@ -179,29 +171,19 @@ def test_recorded_results_exist_parse_and_come_from_the_current_labs_options():
     made = {(r["lab"], r["world_size"]) for r in main["runs"] if "error" not in r}
     assert ("lab1_single", 1) in made
     assert {
-        (lab, n)
-        for lab in bench.LABS.values()
-        if lab != "lab1_single"
-        for n in (1, 2, 4)
+        (lab, n) for lab in LABS.values() if lab != "lab1_single" for n in (1, 2, 4)
     } <= made
     for name, result in results.items():
         assert result["schema"] == bench.SCHEMA, name
-        assert set(result["provenance"]) >= {
-            "machine",
-            "cpu_count",
-            "torch",
-            "commit",
-            "date",
-            "command",
-        }
+        assert set(result["provenance"]) >= PROVENANCE, name
         for r in result["runs"]:
             if "error" in r:
                 continue
-            module = bench.load_lab(r["lab"])
+            module = load_lab(r["lab"])
             # every option the lab has today was recorded, and no other, except options
             # added since that do nothing at their defaults: else rerun the benchmark
-            added = bench.lab_options(r["lab"]) - set(r["config"])
-            assert set(r["config"]) <= bench.lab_options(r["lab"]), (name, r["lab"])
+            added = lab_options(r["lab"]) - set(r["config"])
+            assert set(r["config"]) <= lab_options(r["lab"]), (name, r["lab"])
             assert added <= ADDED_SINCE_RECORDING.get(r["lab"], set()), (
                 name,
                 r["lab"],
@@ -407,89 +389,3 @@ def test_runs_cli_prints_what_the_runs_module_lists(smoke):
     _, folder = smoke
     listed = chapter.runs_cli("list", folder / "runs").splitlines()
     assert len(listed) == 6 and any("lab4_fsdp2" in line for line in listed)
-
-
-# --- the GPU section: a GPU recording beside the CPU one, or the plain fact that
-# there is none ---
-
-
-def test_without_a_gpu_recording_the_page_says_so_and_gives_a_valid_command(
-    tmp_path, monkeypatch
-):
-    shutil.copy(RESULTS / "cpu_shakespeare_fp32.json", tmp_path)
-    [said] = gpu_section(recorded_results(tmp_path))
-    assert said.startswith("No GPU recording has been made yet") and GPU_COMMAND in said
-
-    class Parsed(Exception):
-        pass
-
-    # the command's options were all accepted: nothing is run
-    def stop_after_parsing(requested: str):
-        raise Parsed(requested)
-
-    monkeypatch.setattr(bench, "pick_device", stop_after_parsing)
-    with pytest.raises(Parsed, match="cuda"):
-        bench.main(GPU_COMMAND.split()[3:])  # after "python -m distlab.bench"
-
-
-def test_a_gpu_recording_is_shown_beside_the_cpu_one(tmp_path):
-    cpu = recorded_results()["cpu_shakespeare_fp32"]
-    gpus = {
-        "gpu_count": 2,
-        "gpu_names": ["NVIDIA H100 80GB HBM3"] * 2,
-        "nvidia_driver": "550.54.15",
-    }
-    prov = {
-        **cpu["provenance"],
-        **gpus,
-        "machine": "NVIDIA H100 80GB HBM3",
-        "cuda": "12.8",
-        "nccl": "2.27.3",
-    }
-    extra = {
-        "mfu_of_datasheet_peak": 0.25,
-        "cuda_max_memory_allocated": 5e9,
-        "cuda_max_memory_reserved": 6e9,
-    }
-    gpu = {
-        **cpu,  # a synthetic recording: the CPU one's runs, said to be from 2 H100s
-        "provenance": prov,
-        "workload": {
-            **cpu["workload"],
-            "device": "cuda",
-            "preset": "gpt2",
-            "dtype": "bf16",
-            "compile": True,
-        },
-        "runs": [{**r, **extra} for r in cpu["runs"] if "error" not in r],
-    }
-    for name, result in (
-        ("cpu_shakespeare_fp32", cpu),
-        ("cuda_gpt2_bf16_compile", gpu),
-    ):
-        (tmp_path / f"{name}.json").write_text(json.dumps(result))
-    side_by_side, about, runs_rows = gpu_section(recorded_results(tmp_path))
-    assert [row["recording"] for row in side_by_side] == [
-        "cpu_shakespeare_fp32",
-        "cuda_gpt2_bf16_compile",
-    ]
-    assert (
-        side_by_side[1]["measured on"] == "2 x NVIDIA H100 80GB HBM3"
-        and "compiled" in side_by_side[1]["workload"]
-    )
-    assert (
-        side_by_side[0]["lab 1 MFU, datasheet peak"],
-        side_by_side[1]["lab 1 MFU, datasheet peak"],
-    ) == ("-", "0.25")
-    assert (
-        "NVIDIA driver 550.54.15, CUDA 12.8, NCCL 2.27.3" in about
-        and cpu["provenance"]["command"] in about
-    )
-    assert (
-        len(runs_rows) == len(gpu["runs"])
-        and runs_rows[0]["lab"] == chapter.LAB_NAMES["lab1_single"]
-    )
-    assert {row["CUDA peak MB, allocated / reserved"] for row in runs_rows} == {
-        "5,000 / 6,000"
-    }
-    assert runs_rows[0]["loss, largest rel. difference from lab 1"] == "0.0e+00"

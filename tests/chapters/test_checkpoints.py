@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from distlab.bench.labs import load_lab
+from distlab.bench.lab_scripts import load_lab
 from distlab.checkpoint import (
     TrainingState,
     inspect_checkpoint,

@@ -237,3 +237,81 @@ def test_all_reduce_checker_names_the_mistakes():
         check_all_reduce(reduce_scatter_only)
     with pytest.raises(AssertionError, match="left its input unchanged"):
         check_all_reduce(sum_in_a_new_tensor, (2,))
+
+
+# --- the recorded benchmark the page reads (distlab.bench.collectives) ---
+def write_recording(path, seconds_of, rounds=2):
+    """A recording in ``distlab.bench.collectives``' format whose every repeat takes
+    ``seconds_of(name, nbytes)``."""
+    import json
+
+    from distlab.chapters.collectives import SIZES
+
+    keys = [(name, s) for name in ("dist.all_reduce", "ring_all_reduce") for s in SIZES]
+    keys += [
+        (h, SIZES[-1]) for h in ("dist.reduce_scatter_single", "dist.all_gather_single")
+    ]
+    rank = [{"name": n, "bytes": b, "seconds": [seconds_of(n, b)] * 3} for n, b in keys]
+    path.write_text(
+        json.dumps(
+            {
+                "provenance": {"cpu_count": 2, "date": "today"},
+                "rounds": [
+                    {
+                        "load_average": [1.0 + i, 1, 1],
+                        "by_rank": [rank, rank],
+                        "copy_bytes_per_s": 4e9,
+                    }
+                    for i in range(rounds)
+                ],
+            }
+        )
+    )
+    return path
+
+
+def test_the_recording_is_pooled_and_worded_from_its_shape(tmp_path):
+    from distlab.bench.collectives import findings, load
+
+    alpha, bandwidth = 50e-6, 2e9
+
+    def model(name, nbytes):
+        ring_slowdown = 3 if name == "ring_all_reduce" else 1
+        latency_only = nbytes <= 16 * 1024
+        t = 2 * alpha if latency_only else model_time(alpha, bandwidth, 2, nbytes)
+        return t * ring_slowdown
+
+    summary = load(write_recording(tmp_path / "r.json", model))["summary"]
+    assert summary["loads"] == [1.0, 2.0] and summary["copy_bw"] == 4e9
+    assert summary["round_medians"]["dist.all_reduce", 1024] == [2 * alpha] * 2
+    said = findings(summary)
+    assert said["floor"].startswith("Up to 16 KB an all-reduce took about 0.10 ms")
+    assert said["slope"].startswith("From 1 MB on, time grows with the bytes")
+    assert said["ring"].startswith("At 16 MB our ring took 3.0 times as long")
+
+
+def test_a_recording_without_the_shape_says_so(tmp_path):
+    from distlab.bench.collectives import findings, load
+
+    # a busy machine: the smallest message slowest of all, bandwidth falling
+    def upside_down(name, nbytes):
+        if nbytes <= 16 * 1024:
+            return 1e-3 * (1024 / nbytes) ** 0.5
+        return 1e-9 * nbytes**1.2
+
+    said = findings(load(write_recording(tmp_path / "r.json", upside_down))["summary"])
+    for key, shape in (
+        ("floor", "a flat latency floor"),
+        ("slope", "the bus bandwidth"),
+    ):
+        assert said[key].startswith(f"This recording does not show {shape}"), said[key]
+        assert "load average 1.0 to 2.0 on 2 cores" in said[key]
+
+
+def test_rank_0_sends_n_over_2_times_what_a_ring_rank_sends():
+    from distlab.scratch.collectives import rank0_bytes_sent
+
+    assert rank0_bytes_sent(1000, 1, 4) == 0
+    for n in (2, 8, 64):
+        ratio = rank0_bytes_sent(1000, n, 4) / ring_bytes_sent_per_rank(1000, n, 4)
+        assert ratio == pytest.approx(n / 2)

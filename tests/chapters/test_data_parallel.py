@@ -1,8 +1,9 @@
 """DataParallel from scratch gives the plain module's outputs, gradients and training
 losses on what the page does not run (3 and 4 replicas, the other strategies, the
-edge-case models); the experiment harness's timing rule and strategy names. The page
-checks its own runs on every build (2 replicas even and uneven, two wrappers trained
-against the plain module, DDP's buffer broadcasts, the DataParallel pitfalls)."""
+edge-case models, the step record on 3 devices); the experiment harness's timing rule
+and strategy names. The page checks its own runs on every build (the step it draws,
+2 replicas even and uneven, two wrappers trained against the plain module, the
+DataParallel pitfalls)."""
 
 import pytest
 import torch
@@ -158,6 +159,20 @@ def test_short_batches_and_bad_devices(data):
     assert logits.shape[0] == 1 and loss.dim() == 0
     with pytest.raises(ValueError, match="at least one device"):
         ScratchDataParallel(model, [])
+
+
+def test_the_step_record_on_three_devices(data):
+    from distlab.scratch.data_parallel_steps import CALLS, record_step, what_moved
+
+    model = GPT(preset("tiny", vocab_size=data.tokenizer.vocab_size), seed=0)
+    x, y = batch(data, 7)
+    record = record_step(model, (x, y), [CPU] * 3)
+    params = sum(p.numel() for p in model.parameters())
+    assert record["rows"] == [3, 3, 1] and record["copied"] == [params] * 3
+    assert record["gathered"][0] == 7 and record["losses"] == 3
+    assert record["with_grad"] == len(list(model.parameters()))
+    assert all(len(record["cells"][call]) == 3 for call in CALLS)
+    assert set(what_moved(record)) == set(CALLS)
 
 
 def test_gather_stacks_scalars_and_concatenates_the_rest():

@@ -1,8 +1,11 @@
 """The from-scratch DDP wrappers against torch's DDP and against one process, on what
-the page does not run: 4 ranks, BucketedDDP's layout, rank 0's weights, the compile
-order the page skips, and the edge-case models. The page checks its own launches on
-every build (the wrappers' gradients and losses on 2 ranks, the division on 3, the
-Reducer's buckets, gradient_as_bucket_view, an unused parameter reported)."""
+the page does not run: 4 ranks, BucketedDDP's layout, a model that mixes dtypes, rank
+0's weights, the compile order the page skips, and the edge-case models. The page
+checks its own launches on every build (the wrappers' gradients and losses on 2 ranks,
+the division on 3, the Reducer's buckets, gradient_as_bucket_view, an unused parameter
+reported)."""
+
+import copy
 
 import pytest
 import torch
@@ -69,6 +72,118 @@ def test_buckets_follow_reverse_parameter_order_and_respect_the_cap():
 
     in_order, under_cap, n_buckets = run_ranks(layout, nprocs=1, quiet=True)[0]
     assert in_order and all(under_cap) and n_buckets > 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_assign_buckets_cuts_as_torchs_assignment_function(seed):
+    """Random tensors of three dtypes, in the order backward would finish them: the
+    same buckets as torch's compute_bucket_assignment_by_size in the Reducer's rebuild
+    mode (tensor indices given: no sorting), in the same order but for the buckets
+    still filling at the end, which torch lists in its hash map's order."""
+    from distlab.scratch.ddp import assign_buckets  # new with the dtype rule
+
+    gen = torch.Generator().manual_seed(seed)
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    params = [
+        torch.empty(
+            int(torch.randint(1, 3000, (), generator=gen)),
+            dtype=dtypes[int(torch.randint(0, 3, (), generator=gen))],
+        )
+        for _ in range(40)
+    ]
+    index = {id(p): i for i, p in enumerate(params)}
+    ours = [[index[id(p)] for p in b] for b in assign_buckets(params, 4000, 10000)]
+    theirs, _ = dist._compute_bucket_assignment_by_size(
+        params, [4000, 10000], [], list(range(len(params)))
+    )
+    assert sorted(ours) == sorted(theirs)
+    assert ours[: -len(dtypes)] == theirs[: -len(dtypes)]  # at most 3 still filling
+    assert all(len({params[i].dtype for i in b}) == 1 for b in ours)
+
+
+class Fp32BodyBf16Head(nn.Module):
+    """An fp32 body and a bf16 head (4 and 3 square layers, no biases, so backward
+    finishes the weights in exactly the reverse of ``parameters()``, the order
+    BucketedDDP assumes and torch's Reducer measures)."""
+
+    def __init__(self, width: int = 64):
+        super().__init__()
+        layers = [nn.Linear(width, width, bias=False) for _ in range(7)]
+        self.body = nn.Sequential(*layers[:4])
+        self.head = nn.Sequential(*layers[4:]).to(torch.bfloat16)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.body(x)).to(torch.bfloat16)).float()
+
+
+# 12 KiB: one fp32 layer (16 KiB) closes a bucket, two bf16 ones (8 KiB each) do, and
+# the last bf16 layer is left over; reversed, the old one-dtype-per-first-parameter
+# layout put the first fp32 gradient in a bf16 bucket
+MIXED_CAP_MB = 12 / 1024
+
+
+def mixed_dtype_runs():
+    """On each rank: BucketedDDP and torch DDP (same caps) on copies of the mixed-dtype
+    model, two steps; whether each step's gradients are equal, and the three layouts
+    as parameter indices: ours, torch's Reducer after its rebuild, and torch's
+    assignment function on the order the first backward made the gradients ready."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = Fp32BodyBf16Head()
+    ours = BucketedDDP(copy.deepcopy(model), bucket_cap_mb=MIXED_CAP_MB)
+    theirs = DDP(copy.deepcopy(model), bucket_cap_mb=MIXED_CAP_MB)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(dist.get_rank()))
+    equal = []
+    for _ in range(2):
+        for wrapped in (ours, theirs):
+            wrapped.module.zero_grad(set_to_none=True)
+            wrapped(x).pow(2).mean().backward()
+        ours.finish_gradient_sync()
+        equal.append(
+            [
+                torch.equal(a.grad, b.grad)
+                for a, b in zip(ours.module.parameters(), theirs.module.parameters())
+            ]
+        )
+    index = {p: i for i, p in enumerate(ours.module.parameters())}
+    torch_index = {id(p): i for i, p in enumerate(theirs.module.parameters())}
+    ready = theirs._get_ddp_logging_data()["prev_iteration_grad_ready_order_indices"]
+    ready = [int(i) for i in ready.split(",")]
+    params = list(theirs.module.parameters())
+    assignment, _ = dist._compute_bucket_assignment_by_size(
+        [params[i] for i in ready], [int(MIXED_CAP_MB * 2**20)] * 2, [], ready
+    )
+    return {
+        "equal": equal,
+        "ready": ready,
+        "ours": [[index[p] for p in b.params] for b in ours.buckets],
+        "dtypes": [str(b.buffer.dtype) for b in ours.buckets],
+        "torch reducer": [
+            [torch_index[id(p)] for p in b.parameters()]
+            for b in theirs.reducer._get_zeros_like_grad_buckets()
+        ],
+        "torch assignment": assignment,
+    }
+
+
+def test_bucketed_ddp_buckets_by_dtype_like_torch_ddp():
+    """fp32 body, bf16 head on 2 ranks: BucketedDDP keeps one dtype per bucket, as torch
+    does, so its gradients equal torch DDP's bit for bit and its buckets are torch's
+    (an fp32 gradient in a bf16 bucket would be rounded)."""
+    per_rank = run_ranks(mixed_dtype_runs, nprocs=2, quiet=True)
+    for run in per_rank:
+        # per step and parameter (the old layout rounded body.3's fp32 gradient in a
+        # bf16 bucket)
+        assert all(all(step) for step in run["equal"]), run["equal"]
+        assert run["ready"] == [6, 5, 4, 3, 2, 1, 0]  # the order BucketedDDP assumes
+        assert run["ours"] == run["torch reducer"] == run["torch assignment"]
+        assert run["ours"] == [[6, 5], [3], [2], [1], [0], [4]]
+        assert run["dtypes"] == [
+            "torch.bfloat16",
+            *["torch.float32"] * 4,
+            "torch.bfloat16",
+        ]
 
 
 def test_ranks_start_from_rank_0_weights():

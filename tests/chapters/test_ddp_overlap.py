@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distlab.chapters.ddp_overlap import powersgd_elements
+from distlab.chapters.ddp_overlap import powersgd_elements, step_bytes
 from distlab.exercises.ddp_overlap import check_fp16_hook
 
 
@@ -26,6 +26,15 @@ def test_the_powersgd_formula_compresses_only_where_it_pays():
     assert powersgd_elements([(8, 2, 4)], 4) == {"uncompressed": 64, "P": 0, "Q": 0}
     # 16 x 2 < 64: compressed
     assert powersgd_elements([(8, 2, 4)], 1) == {"uncompressed": 0, "P": 8, "Q": 8}
+
+
+def test_step_bytes_adds_up_one_step_of_counted_all_reduces():
+    # calls per step: (elements, dtype, bytes) per all-reduce
+    run = {
+        "calls": [[(10, torch.float32, 40)], [(3, torch.float32, 12), (5, None, 20)]]
+    }
+    assert step_bytes(run, 0) == 40
+    assert step_bytes(run) == 32
 
 
 def fp16_without_the_division(process_group, bucket):

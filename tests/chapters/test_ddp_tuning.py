@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from distlab.chapters.ddp_tuning import flag_table
 from distlab.exercises.ddp_tuning import check_scaled_lr
 from distlab.tools.lr_scaling import BASE_LR, learning_rate
 
@@ -27,6 +28,26 @@ def test_learning_rate_rules():
         2.0,
         2.0,
     ]
+    # the same peak as "linear", reached over a quarter of the steps
+    assert [
+        learning_rate("linear + warm-up", 4, s, 16) / BASE_LR for s in range(5)
+    ] == [
+        1.0,
+        2.0,
+        3.0,
+        4.0,
+        4.0,
+    ]
+
+
+def test_the_flag_table_reads_the_installed_defaults():
+    defaults = {name: default for name, default, _ in flag_table()}
+    assert defaults["find_unused_parameters"] is False
+    assert defaults["static_graph"] is False
+    assert defaults["init_sync"] is True
+    assert defaults["bucket_cap_mb"] is None
+    # the page prints "name default note" in one line that fits its code column
+    assert all(len(f"{n:29} {d!s:5} {note}") <= 80 for n, d, note in flag_table())
 
 
 def scaled_lr(base_lr, base_batch, global_batch, rule, step, warmup_steps):

@@ -1,8 +1,8 @@
-"""Feeding the ranks: DistributedSampler's exact rules, sharding by rank x worker set by
-hand, mp.spawn's pickling. The page checks its own launches on every build (the two
-loading strategies against one process, seeds and DataLoader workers inside two ranks,
-the spawn example against torchrun); these tests cover the rules over many sizes, the
-error paths and the exercises."""
+"""Feeding the ranks: DistributedSampler's exact rules (rebuilt in
+distlab.scratch.sampler), sharding by rank x worker set by hand. The page checks its own
+launch on every build (the two loading strategies against one process, seeds and
+DataLoader workers inside two ranks, forkserver workers); these tests cover the rules
+over many sizes, the error paths, the drawn deal and the exercises."""
 
 import numpy as np
 import pytest
@@ -10,14 +10,13 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 from torch.utils.data.distributed import DistributedSampler
 
-from distlab.chapters.feeding_ranks import (
-    SeedProbe,
+from distlab.chapters.feeding_ranks import SeedProbe, sampler_epochs, visit_counts
+from distlab.scratch.sampler import (
+    deal_html,
     epoch_order,
     expected_layout,
     expected_shards,
-    sampler_epochs,
-    try_spawn,
-    visit_counts,
+    padded_order,
 )
 from distlab.tools.sharding import ShardedIterable, shard_sizes
 
@@ -111,9 +110,21 @@ def test_strided_deal_keeps_the_global_batch_of_one_process():
         assert union == sorted(single[step * b * N : (step + 1) * b * N])
 
 
-def test_spawn_needs_a_function_it_can_pickle_by_name():
-    assert try_spawn(print, nprocs=1, timeout=60) == "ok"
-    assert "pickle" in try_spawn(lambda rank: None, nprocs=1, timeout=60).lower()
+def test_padding_cycles_through_the_order_when_ranks_outnumber_samples():
+    assert padded_order([7, 8], 5, drop_last=False) == [7, 8, 7, 8, 7]
+    assert padded_order([7, 8, 9], 2, drop_last=True) == [7, 8]
+    assert expected_shards([7, 8], 5, drop_last=False) == [[7], [8], [7], [8], [7]]
+
+
+def test_the_drawn_deal_fills_one_position_per_step_and_frames_the_repeats():
+    """The widget's views: nothing dealt, then one more coloured cell per step, and the
+    padded positions (10 and 11 of 10 samples on 4 ranks) in red frames throughout."""
+    views = [deal_html(10, 4, k) for k in range(13)]
+    coloured = [v.count("color:white") for v in views]
+    # each dealt position is coloured twice: in the order and in its rank's row
+    assert coloured == [2 * k for k in range(13)]
+    assert all(v.count("#c0392b") >= 1 for v in views)
+    assert "seen twice" in views[11] and "Dealt." in views[12]
 
 
 # at most 2 workers: CI has 2 cores

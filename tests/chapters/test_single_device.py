@@ -1,7 +1,8 @@
 """The single-device baseline chapter's experiments (distlab.chapters.single_device).
 The page checks its own measurements on every build (parameter counts, model-state and
-activation bytes, FLOPs per token, the attention kernel, the recorded lab 1 runs' MFU);
-these tests check what it does not run: bad inputs, and its figures on made-up numbers.
+activation bytes, FLOPs per token and their parts, the attention kernel, AdamW's
+operators, the recorded lab 1 runs' MFU); these tests check what it does not run: bad
+inputs, and its figures on made-up numbers.
 """
 
 import json
@@ -11,7 +12,12 @@ import matplotlib.pyplot as plt
 import pytest
 
 from distlab.chapters import single_device
-from distlab.chapters.single_device import MB, memory_figure, mfu_figure, recorded_lab1
+from distlab.chapters.single_device import (
+    FLOP_PARTS,
+    mfu_figure,
+    recorded_lab1,
+    step_cost_figure,
+)
 
 
 def test_an_mfu_that_was_not_recorded_shows_as_such_not_as_zero():
@@ -22,16 +28,21 @@ def test_an_mfu_that_was_not_recorded_shows_as_such_not_as_zero():
     plt.close(fig)
 
 
-def test_memory_figure_stacks_the_four_parts_end_to_end():
+def test_step_cost_figure_stacks_each_bar_end_to_end_and_names_every_part():
     state = {"params": 4e6, "grads": 4e6, "optimizer": 8e6}
-    fig = memory_figure(state, activations=20e6, batch=16, title="t")
-    bars = fig.axes[0].patches
-    assert [b.get_width() for b in bars] == [4.0, 4.0, 8.0, 20.0]  # MB
-    assert all(
-        math.isclose(b.get_x(), sum(w.get_width() for w in bars[:i]))
-        for i, b in enumerate(bars)
-    )
-    assert sum(b.get_width() for b in bars) == (16e6 + 20e6) / MB
+    flops = dict(zip(FLOP_PARTS, [40e6, 15e6, 5e6, 7e6, 0.1e6]))
+    fig = step_cost_figure(state, activations=20e6, batch=16, flops=flops)
+    memory, work = fig.axes
+    assert [b.get_width() for b in memory.patches] == [4.0, 4.0, 8.0, 20.0]  # MB
+    for ax in (memory, work):
+        bars = ax.patches
+        assert all(
+            math.isclose(b.get_x(), sum(w.get_width() for w in bars[:i]))
+            for i, b in enumerate(bars)
+        )
+    assert memory.get_title(loc="left") == "bytes held, batch 16: 36 MB"
+    legend = [t.get_text() for t in work.get_legend().get_texts()]
+    assert legend[0] == "MLP 40" and legend[-1] == "head 0.1"
     plt.close(fig)
 
 

@@ -66,7 +66,8 @@ def test_step_memory_reports_the_models_device(monkeypatch):
     decoy = {"_MemRefType.PARAM": 1, "Total": 1}
     mine = {"_MemRefType.PARAM": 2, "_MemRefType.ACT": 3, "Total": 5}
     monkeypatch.setattr(
-        StepMemory, "_make_tracker", lambda self: FakeTracker({GPU: decoy, CPU: mine})
+        "distlab.memory.memory_tracker",
+        lambda model, optimizer: FakeTracker({GPU: decoy, CPU: mine}),
     )
     memory = StepMemory(model, torch.optim.AdamW(model.parameters()))
     for _ in range(2):  # the second step is the one watched

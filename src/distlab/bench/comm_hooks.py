@@ -8,9 +8,11 @@
 Every hook of book/ddp_overlap.md (fp32 through ``allreduce_hook``, fp16, bf16, PowerSGD
 at rank 1, 2 and 4) trains the same model from the same weights on the same batches, one
 after another, on ``--nprocs`` ranks; each gets the median seconds of forward + backward
-(the all-reduces included) after ``--warmup`` untimed steps, the bytes handed to
-``dist.all_reduce`` in its last step, and the validation loss at the end. Results go to
-``--out`` (default ``results/comm_hooks_bench.json``) with their provenance.
+(the all-reduces included) after ``--warmup`` untimed steps with every timed step kept
+(``spread_s``: repeats, median, min, max, so that a page can ``compare`` two hooks),
+the bytes handed to ``dist.all_reduce`` in its last step, and the validation loss at
+the end. Results go to ``--out`` (default ``results/comm_hooks_bench.json``) with their
+provenance.
 
 On CPU ranks the default is one bucket (``--bucket-cap-mb 1000``): PowerSGD's follow-up
 all-reduces are issued from gloo's worker threads, and with several buckets the ranks
@@ -24,6 +26,7 @@ import statistics
 from distlab.bench.provenance import finished, provenance, write_result
 from distlab.chapters.ddp_overlap import train_with_hook
 from distlab.cli import run
+from distlab.infra.claims import spread
 from distlab.infra.launch import run_ranks
 from distlab.infra.paths import REPO_ROOT
 
@@ -50,6 +53,7 @@ def on_rank(
         )  # PowerSGD compresses from step 2 (start_powerSGD_iter=2): warm up past it
         out[variant] = {
             "median_s": statistics.median(r["seconds"][warmup:]),
+            "spread_s": spread(r["seconds"][warmup:]),
             "bytes_last_step": sum(b for *_, b in r["calls"][-1]),
             "all_reduces_last_step": len(r["calls"][-1]),
             "val_loss": r["val_loss"],

@@ -26,12 +26,12 @@ the benchmark.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 
 from distlab.bench.provenance import finished, provenance, write_result
 from distlab.chapters.ddp_internals import FROM_SCRATCH
+from distlab.infra import claims
 from distlab.infra.experiment import WARMUP_STEPS, WrapOptions, train
 from distlab.infra.launch import run_ranks, run_script
 from distlab.infra.paths import REPO_ROOT
@@ -120,20 +120,12 @@ def plan(nprocs: int, caps: list[float]) -> dict[str, dict]:
     return rows
 
 
-def spread(values: list[float]) -> dict:
-    """Median, min and max of a row's repeats."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def compare(result: dict, row: str, baseline: str) -> str:
     """``row`` against ``baseline`` by tokens/s: "faster" or "slower" only when their
     spreads (min to max over the repeats) do not overlap; else "within noise"."""
-    a, b = result["rows"][row]["tokens_per_s"], result["rows"][baseline]["tokens_per_s"]
-    if a["min"] > b["max"]:
-        return "faster"
-    if a["max"] < b["min"]:
-        return "slower"
-    return "within noise"
+    rows = result["rows"]
+    verdict = claims.compare(rows[row]["tokens_per_s"], rows[baseline]["tokens_per_s"])
+    return {"larger": "faster", "smaller": "slower"}.get(verdict, verdict)
 
 
 def verdict(result: dict, row: str) -> str:
@@ -293,10 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
             "ranks": row["ranks"],
             "bucket_cap_mb": row.get("cap"),  # None: not passed, the wrapper's default
             "threads_per_rank": runs[0]["threads_per_rank"],
-            "tokens_per_s": {
-                "repeats": [r["tokens_per_s"] for r in runs],
-                **spread([r["tokens_per_s"] for r in runs]),
-            },
+            "tokens_per_s": claims.spread([r["tokens_per_s"] for r in runs]),
         }
         if "lab" in row:
             # of the measured matmul peak, per repeat

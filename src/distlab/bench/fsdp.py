@@ -26,6 +26,7 @@ import time
 
 from distlab.bench.provenance import finished, provenance, write_result
 from distlab.chapters.fsdp2 import train
+from distlab.infra import claims
 from distlab.infra.experiment import WARMUP_STEPS
 from distlab.infra.launch import run_ranks
 from distlab.infra.paths import REPO_ROOT
@@ -60,25 +61,11 @@ def measure(strategy: str, nprocs: int, preset: str, batch: int, steps: int) -> 
     }
 
 
-def spread(values: list[float]) -> dict:
-    """Each repeat, their median, min and max."""
-    return {
-        "repeats": values,
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-    }
-
-
 def compare(a: dict, b: dict) -> str:
     """Run ``a`` against run ``b`` by tokens/s: "faster" or "slower" only when their
     spreads (min to max over the repeats) do not overlap; else "within noise"."""
-    a, b = a["tokens_per_s"], b["tokens_per_s"]
-    if a["min"] > b["max"]:
-        return "faster"
-    if a["max"] < b["min"]:
-        return "slower"
-    return "within noise"
+    verdict = claims.compare(a["tokens_per_s"], b["tokens_per_s"])
+    return {"larger": "faster", "smaller": "slower"}.get(verdict, verdict)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -146,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "strategy": strategy,
                 "world_size": n,
                 **{k: v for k, v in first.items() if k != "tokens_per_s"},
-                "tokens_per_s": spread([r["tokens_per_s"] for r in repeats]),
+                "tokens_per_s": claims.spread([r["tokens_per_s"] for r in repeats]),
             }
         )
     result = {

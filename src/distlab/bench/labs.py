@@ -22,7 +22,9 @@ keeps, for each lab and rank count, the run with the median tokens/s. On CUDA ea
 is a GPU (``--ranks`` above the GPU count is refused before anything starts), and each
 run also keeps rank 0's peak CUDA memory (``torch.cuda.max_memory_allocated``,
 ``max_memory_reserved``). ``--compile``, ``--log-every`` and ``--tf32`` are passed on to
-every lab.
+every lab. The scripts, their options and a run's command line are
+``distlab.bench.lab_scripts``; this module plans the runs, launches them and keeps the
+result.
 
 The result goes to ``--out`` (default ``results/bench/<device>_<preset>_<dtype>.json``,
 with ``_tf32`` and ``_compile`` added when those were asked for) with its provenance (on
@@ -33,16 +35,12 @@ these files and never reruns them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
-import importlib.util
-import sys
 import time
-import types
 from pathlib import Path
 
 import torch
 
+from distlab.bench.lab_scripts import LABS, check_options_exist, lab_args, lab_path
 from distlab.bench.provenance import finished, provenance, write_result
 from distlab.bench.report import print_targets
 from distlab.errors import UserError
@@ -55,14 +53,7 @@ SCHEMA = 2  # bump when the layout of a result file changes; the tests read this
 # 2: MFU of a peak timed by every run itself (peak_measured_with), the datasheet MFU;
 # load and CPU flags (added since, so read with .get: the workload's
 # compile/log_every/tf32, CUDA peaks, the GPU provenance)
-LABS = {
-    1: "lab1_single",
-    2: "lab2_ddp",
-    3: "lab3_grad_accum",
-    4: "lab4_fsdp2",
-    5: "lab5_activation_ckpt",
-    6: "lab6_accelerate",
-}
+
 # what the result keeps of each lab's summary.json
 KEPT = (
     "lab",
@@ -90,67 +81,6 @@ KEPT = (
 # kept too where a lab's summary has them: rank 0's peak bytes on a CUDA device (none on
 # a CPU)
 CUDA_PEAKS = ("cuda_max_memory_allocated", "cuda_max_memory_reserved")
-# options passed on to every lab only when asked for, so a plain run's command line
-# is unchanged
-PASSED_ON = {"compile": "--compile", "log_every": "--log-every", "tf32": "--tf32"}
-
-
-def lab_path(lab: str) -> Path:
-    return REPO_ROOT / "src" / "labs" / f"{lab}.py"
-
-
-@functools.cache
-def load_lab(lab: str) -> types.ModuleType:
-    """A lab script as a module (its TrainConfig, its functions); its main() does
-    not run."""
-    name = f"distlab_lab_{lab}"
-    spec = importlib.util.spec_from_file_location(name, lab_path(lab))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def lab_options(lab: str) -> set[str]:
-    """The option names (``micro_batch_size``...) of a lab script, read from its
-    TrainConfig."""
-    return {field.name for field in dataclasses.fields(load_lab(lab).TrainConfig)}
-
-
-def lab_args(lab: str, workload: dict, out: Path) -> list[str]:
-    """The command line of one run: the workload's options, plus what every benchmark
-    run needs."""
-    args = [
-        "--preset",
-        workload["preset"],
-        "--batch-size",
-        workload["global_batch"],
-        "--steps",
-        workload["steps"],
-    ]
-    args += [
-        "--dtype",
-        workload["dtype"],
-        "--device",
-        workload["device"],
-        "--eval-batches",
-        workload["eval_batches"],
-    ]
-    args += ["--sample-chars", 0, "--no-progress", "--out", out]
-    if "micro_batch_size" in lab_options(lab):
-        args += ["--micro-batch-size", workload["micro_batch_size"]]
-    if workload.get("compile"):
-        # no --track-memory: MemTracker is a dispatch mode round a step that compiled
-        # blocks run in, an interaction not tried here; on CUDA the allocator's peaks
-        # are recorded anyway
-        args.append("--compile")
-    else:
-        args.append("--track-memory")
-    if workload.get("log_every", 1) != 1:
-        args += ["--log-every", workload["log_every"]]
-    if workload.get("tf32"):
-        args.append("--tf32")
-    return [str(a) for a in args]
 
 
 def run_one(
@@ -228,21 +158,6 @@ def check_gpus_for(ranks: list[int], device: torch.device) -> None:
             f"this machine shows {count}: "
             f"ask for at most {count} ranks, or run on --device cpu"
         )
-
-
-def check_options_exist(workload: dict, labs: set[str]) -> None:
-    """A flag passed on to the labs must be one each of them has (an older lab script
-    may not)."""
-    asked = [name for name in ("compile", "tf32") if workload[name]] + ["log_every"] * (
-        workload["log_every"] != 1
-    )
-    for lab in sorted(labs):
-        missing = [PASSED_ON[name] for name in asked if name not in lab_options(lab)]
-        if missing:
-            raise UserError(
-                f"{lab} has no {', '.join(missing)} option: drop it from the "
-                "benchmark's command line"
-            )
 
 
 def result_name(workload: dict) -> str:

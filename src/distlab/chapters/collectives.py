@@ -1,9 +1,16 @@
-"""The Collective communication chapter's experiments, and its timing figure: the five
-collectives live (``run_ranks(all_demos, nprocs=3)``), the ring all-reduce of
+"""The Collective communication chapter's experiments and its picture of them.
+
+One launch of 4 gloo ranks, ``run_ranks(all_demos, nprocs=4)``, runs everything the page
+shows live: what the launcher told each rank, the collectives on readable data
+(``collectives_figure`` draws them), the reduction operators, the ring all-reduce of
 ``distlab.scratch.collectives`` against ``dist.all_reduce`` at every step
-(``ring_check(3)``), and what all-reducing costs
-(``summarise_timings(run_ranks(time_collectives, nprocs=2, args=(SIZES,)))``). Functions
-that call ``dist`` run on every rank of a group (``distlab.infra.launch.run_ranks``)."""
+(``ring_matches``), the parity-ordered exchange, and sums over a 2 x 2 DeviceMesh.
+
+What all-reducing costs is a recorded benchmark (``python -m
+distlab.bench.collectives``), timed by ``time_collectives`` and summarised by
+``summarise_timings``, which ``book/ddp_scaling.md`` and
+``distlab.bench.planner_inputs`` use too. Functions that call ``dist`` run on every
+rank of a group (``distlab.infra.launch.run_ranks``)."""
 
 import itertools
 import os
@@ -14,10 +21,8 @@ import timeit
 import torch
 import torch.distributed as dist
 
-from distlab.infra.launch import run_ranks
 from distlab.runtime import dist_env, pick_device, rank_world, synchronize
 from distlab.scratch.collectives import (
-    model_time,
     parity_ring_exchange,
     ring_all_reduce,
     ring_bytes_sent_per_rank,
@@ -47,13 +52,24 @@ def _device() -> torch.device:
     return pick_device("auto", dist_env()[1])
 
 
-# --- begin broadcast ---
+# --- begin all_reduce ---
 def data() -> torch.Tensor:
-    rank, _ = rank_world()
-    # the digits of a sum name the ranks in it
-    return torch.tensor([1, 2, 3], device=_device()) * 10**rank
+    rank, n = rank_world()
+    # rank r holds [1, 2, ..., n] * 10**r: a sum's digits name its ranks
+    return torch.arange(1, n + 1, device=_device()) * 10**rank
 
 
+def all_reduce() -> dict:
+    t = data()
+    before = t.tolist()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)  # in place: the sum on every rank
+    return {"before": before, "after": t.tolist()}
+
+
+# --- end all_reduce ---
+
+
+# --- begin others ---
 def broadcast() -> dict:
     t = data()
     before = t.tolist()
@@ -61,20 +77,10 @@ def broadcast() -> dict:
     return {"before": before, "after": t.tolist()}
 
 
-# --- end broadcast ---
-
-
-def all_reduce() -> dict:
-    t = data()
-    before = t.tolist()
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return {"before": before, "after": t.tolist()}
-
-
 def reduce_scatter() -> dict:
     t = data()
     before = t.tolist()
-    # 3 elements / 3 ranks: one each
+    # n elements / n ranks: one each, rank r gets element r of the sum
     mine = torch.empty(1, dtype=t.dtype, device=t.device)
     dist.reduce_scatter_single(mine, t)
     return {"before": before, "after": mine.tolist()}
@@ -88,10 +94,19 @@ def all_gather() -> dict:
     return {"before": before, "after": everything.tolist()}
 
 
+def all_to_all() -> dict:
+    t = data()
+    before = t.tolist()
+    out = torch.empty_like(t)
+    # element j goes to rank j: rank r ends with element r of every rank's tensor
+    dist.all_to_all_single(out, t)
+    return {"before": before, "after": out.tolist()}
+
+
 def barrier() -> dict:
     dist.barrier()  # line the ranks up so their clocks start together
     start = time.perf_counter()
-    time.sleep(0.2 * rank_world()[0])  # rank r is 0.2 r seconds late
+    time.sleep(0.1 * rank_world()[0])  # rank r is 0.1 r seconds late
     arrived, arrived_at = time.perf_counter() - start, time.monotonic()
     dist.barrier()
     left, left_at = time.perf_counter() - start, time.monotonic()
@@ -104,7 +119,10 @@ def barrier() -> dict:
     }
 
 
-DEMOS = (broadcast, all_reduce, reduce_scatter, all_gather, barrier)
+# --- end others ---
+
+
+DEMOS = (broadcast, all_reduce, reduce_scatter, all_gather, all_to_all, barrier)
 
 
 # --- begin reduce_ops ---
@@ -133,25 +151,39 @@ def reduce_ops() -> dict[tuple[str, str], list | str]:
 # --- end reduce_ops ---
 
 
+# --- begin mesh ---
+def mesh_sums() -> dict:
+    """Sums over each dimension of a 2 x (N/2) DeviceMesh, with functional
+    collectives."""
+    from torch.distributed import _functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank, n = rank_world()
+    # ranks [[0, 1], [2, 3]]: "dp" groups the columns, "tp" the rows
+    mesh = init_device_mesh(_device().type, (2, n // 2), mesh_dim_names=("dp", "tp"))
+    t = torch.tensor([10**rank], device=_device())
+    sums = {
+        # a new tensor each time: functional collectives leave their input alone
+        dim: funcol.all_reduce(t, "sum", mesh.get_group(dim)).tolist()
+        for dim in ("dp", "tp")
+    }
+    return {"coordinate": mesh.get_coordinate(), "input": t.tolist(), **sums}
+
+
+# --- end mesh ---
+
+
 def all_demos() -> dict:
-    """Every demo, the reduction operators and the parity exchange, in one launch
-    (starting processes takes seconds)."""
+    """Everything the page runs live, in one launch (starting processes takes
+    seconds)."""
     return {
+        "env": environment(),
         "demos": [demo() for demo in DEMOS],
         "reduce_ops": reduce_ops(),
+        "ring": ring_vs_library(),
         "exchange": exchange_ranks(),
+        "mesh": mesh_sums(),
     }
-
-
-def before_after_table(title: str, per_rank: list[dict]) -> str:
-    """What each rank held before and after a collective, as a small text table."""
-    width = max(len(str(v)) for row in per_rank for v in row.values()) + 3
-    lines = [title, f"{'':8}{'before':<{width}}{'after':<{width}}"]
-    for rank, row in enumerate(per_rank):
-        lines.append(
-            f"rank {rank:<3}{str(row['before']):<{width}}{str(row['after']):<{width}}"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def ring_vs_library() -> tuple[float, bool, list[list[int]]]:
@@ -183,20 +215,20 @@ def ring_vs_library() -> tuple[float, bool, list[list[int]]]:
     return worst, ints_equal, masks
 
 
-def ring_check(n: int, device: str = "cpu") -> dict:
-    """``ring_vs_library`` on ``n`` ranks (gloo CPU ranks, or NCCL GPU ranks with
-    ``device="cuda"``), compared with the simulation ``ring_schedule``."""
-    results = run_ranks(ring_vs_library, nprocs=n, quiet=True, device=device)
+def ring_matches(per_rank: list) -> dict:
+    """``ring_vs_library``'s results of every rank, and whether the ring's state after
+    every step equals the simulation ``ring_schedule``."""
+    n = len(per_rank)
     simulated = [
         [[sum(2**s for s in held) for held in row] for row in e["holds"]]
         for e in ring_schedule(n)
     ]
-    real = [[results[rank][2][k] for rank in range(n)] for k in range(2 * (n - 1) + 1)]
-    worst, ints_equal = max(r[0] for r in results), all(r[1] for r in results)
+    real = [[per_rank[r][2][k] for r in range(n)] for k in range(2 * (n - 1) + 1)]
     return {
-        "worst": worst,
-        "ints_equal": ints_equal,
+        "worst": max(r[0] for r in per_rank),
+        "ints_equal": all(r[1] for r in per_rank),
         "matches_simulation": real == simulated,
+        "steps": len(real) - 1,
     }
 
 
@@ -296,59 +328,48 @@ def copy_bandwidth(nbytes: int, repeats: int = 21) -> float:
     )
 
 
-# --- the timings' picture (the ring's own are drawn in distlab.scratch.collectives) ---
-def timing_figure(summary: dict, copy_bw: float):
-    """Time and bus bandwidth against message size, medians and middle half of
-    the repeats."""
+# --------------------------------------------- the live collectives, drawn from a run
+def _contributors(value: int) -> int:
+    """How many ranks a value of ``data()``'s sums holds: its nonzero digits."""
+    return sum(d != "0" for d in str(abs(int(value))))
+
+
+TITLES = {
+    "broadcast": "broadcast(src=0)",
+    "all_reduce": "all_reduce (SUM)",
+    "reduce_scatter": "reduce_scatter: rank r\ngets element r of the sum",
+    "all_gather": "all_gather of each\nrank's first element",
+    "all_to_all": "all_to_all: rank r gets\nelement r of every rank",
+}
+
+
+def collectives_figure(per_rank: list[dict]):
+    """What every rank held before the collectives and after each one that moves data:
+    a grid per collective, a row per rank; the darker a cell, the more ranks its
+    value sums."""
     import matplotlib.pyplot as plt
 
-    n, sizes, per_repeat, median, busbw = (
-        summary[k] for k in ("ranks", "sizes", "per_repeat", "median", "busbw")
-    )
-    fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(11, 4))
-    kb = [s / 1024 for s in sizes]
-    for name, color in zip(ALL_REDUCES, ("#3b6ea5", "#e39b4c")):
-        q1, _, q3 = zip(
-            *(statistics.quantiles(per_repeat[name, s], n=4) for s in sizes)
-        )
-        ax_t.fill_between(
-            kb, [q * 1e3 for q in q1], [q * 1e3 for q in q3], color=color, alpha=0.2
-        )
-        ax_t.plot(
-            kb,
-            [median[name, s] * 1e3 for s in sizes],
-            "o-",
-            color=color,
-            label=f"{name} (median)",
-        )
-        ax_bw.plot(
-            kb, [busbw[name, s] / 1e9 for s in sizes], "o-", color=color, label=name
-        )
-    fit = summary["fit"]["dist.all_reduce"]
-    model = [model_time(fit["alpha"], fit["bandwidth"], n, s) * 1e3 for s in sizes]
-    ax_t.plot(
-        kb,
-        model,
-        "--",
-        color="#555",
-        label="$\\alpha$-$\\beta$ model, fitted to dist.all_reduce",
-    )
-    ax_t.set(
-        ylabel="time (ms)",
-        title=f"all-reduce on {n} gloo ranks (band: middle half of repeats)",
-    )
-    ax_bw.set(ylabel="bus bandwidth (GB/s)", title="bus bandwidth = 2(N-1)/N · S / t")
-    ax_bw.axhline(
-        copy_bw / 1e9,
-        color="#999",
-        ls=":",
-        label=f"a {sizes[-1] >> 20} MB copy within one process",
-    )
-    for ax in (ax_t, ax_bw):
-        ax.set(xscale="log", yscale="log", xlabel="message size (KB)")
-        ax.set_xticks(kb, [f"{k:,.0f}" for k in kb], fontsize=8)
-        ax.minorticks_off()
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
+    n, cmap = len(per_rank), plt.get_cmap("Blues")
+    before = [r["demos"][0]["before"] for r in per_rank]
+    panels = [("before: rank $r$ holds\n$[1, 2, ..., N] \\times 10^r$", before)]
+    panels += [
+        (TITLES[demo.__name__], [r["demos"][i]["after"] for r in per_rank])
+        for i, demo in enumerate(DEMOS)
+        if demo is not barrier
+    ]
+    fig, axes = plt.subplots(3, 2, figsize=(5.6, 8.6))
+    for ax, (title, rows) in zip(axes.flat, panels):
+        ax.set(xlim=(-0.5, n - 0.5), ylim=(n - 0.5, -0.5), xticks=[])
+        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=11)
+        ax.tick_params(length=0)
+        ax.spines[:].set_visible(False)
+        for r, row in enumerate(rows):
+            for c, value in enumerate(row):
+                share = _contributors(value) / n
+                fill = cmap(0.12 + 0.7 * share)
+                ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fc=fill, ec="w"))
+                ink = "white" if share > 0.6 else "black"
+                ax.text(c, r, value, ha="center", va="center", fontsize=12, color=ink)
+        ax.set_title(title, fontsize=12)
     fig.tight_layout()
     return fig

@@ -1,8 +1,8 @@
-"""The DataParallel chapter's experiments: each variant trained on the same batches, one
-step's phases timed, and which threads run the replicas' backward; the bytes GPU 0 moves
-(``dataparallel_traffic``), what DDP broadcasts at each forward
-(``ddp_buffer_broadcasts``, on every rank of ``run_ranks(..., init_group=False)``), and
-the pitfalls the CPU can show.
+"""The DataParallel chapter's experiments: the rebuild against the plain module
+(``compare_with_plain``), each variant trained on the same batches with one step's
+phases timed, which threads run the replicas' backward, the recorded comparison drawn
+with its spread (``bench_figure``, ``bench_verdicts``), the bytes GPU 0 moves
+(``dataparallel_traffic``), and the pitfalls the CPU can show.
 
     # from-scratch DataParallel, 2 replicas
     train_steps("dp-scratch", preset_name="tiny", steps=5)
@@ -18,22 +18,19 @@ process on the same global batches as lab 1: ``single`` (the module alone), ``dp
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import os
-import pickle
+import statistics
 import threading
-import time
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from distlab.data import token_data
+from distlab.infra.claims import compare, spread
 from distlab.infra.experiment import WrapOptions, gpt, train
-from distlab.model import preset
-from distlab.runtime import init_distributed, pick_device, rank_world
+from distlab.model import GPT, preset
+from distlab.runtime import pick_device
 from distlab.scratch.data_parallel import (
+    ScratchDataParallel,
     Span,
     gather,
     replica_devices,
@@ -108,29 +105,119 @@ def backward_threads(
     return seen
 
 
-def thread_speedup(work, n_threads: int = 2, repeats: int = 3) -> float:
-    """How much faster ``n_threads`` threads each running ``work()`` finish than the
-    same ``n_threads`` calls one after the other (best of ``repeats``): 1.0 means
-    no overlap."""
-
-    def in_a_row() -> float:
-        start = time.perf_counter()
-        for _ in range(n_threads):
-            work()
-        return time.perf_counter() - start
-
-    def in_threads() -> float:
-        threads = [threading.Thread(target=work) for _ in range(n_threads)]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return time.perf_counter() - start
-
-    return min(in_a_row() for _ in range(repeats)) / min(
-        in_threads() for _ in range(repeats)
+def compare_with_plain(rows: int, replicas: int = 2) -> dict:
+    """Max |difference| of logits and gradients, plain ``tiny`` GPT against
+    ScratchDataParallel on the same ``rows`` sequences, and the two ways to average the
+    replicas' losses."""
+    data = token_data()
+    x, y = data.batch(
+        "train", 0, rows, preset("tiny").block_size, 0, 0, 1, torch.device("cpu")
     )
+    plain, wrapped = (
+        GPT(preset("tiny", vocab_size=data.tokenizer.vocab_size), seed=0)
+        for _ in range(2)
+    )
+    ref_logits, ref_loss = plain(x, y)
+    ref_loss.backward()
+    logits, losses = ScratchDataParallel(wrapped, [torch.device("cpu")] * replicas)(
+        x, y
+    )
+    losses.mean().backward()
+    chunk_rows = [len(c) for c in x.chunk(replicas)]
+    # each replica's mean loss weighted by its rows: the plain module's loss
+    weighted = sum(n * loss for n, loss in zip(chunk_rows, losses)) / rows
+    return {
+        "chunk rows": chunk_rows,
+        "logits": (logits - ref_logits).abs().max().item(),
+        "grads": max(
+            (a.grad - b.grad).abs().max().item()
+            for a, b in zip(plain.parameters(), wrapped.parameters())
+        ),
+        "plain loss": ref_loss.item(),
+        "losses.mean()": losses.mean().item(),
+        "row-weighted": weighted.item(),
+    }
+
+
+# ------------------------------------------------ the recorded comparison (bench.dp)
+def timed_steps(runs: dict, warmup: int) -> dict[str, list[float]]:
+    """Each variant's step seconds after the warm-up steps."""
+    return {name: r["step_s"][warmup:] for name, r in runs.items()}
+
+
+def bench_verdicts(runs: dict, warmup: int) -> dict[str, str]:
+    """Each variant's steps against the plain model's: "larger" or "smaller" only
+    when their ranges do not overlap (``distlab.infra.claims.compare``)."""
+    steps = timed_steps(runs, warmup)
+    return {
+        name: compare(spread(s), spread(steps["single"]))
+        for name, s in steps.items()
+        if name != "single"
+    }
+
+
+def bench_figure(runs: dict, warmup: int, title: str):
+    """Every timed step of every variant as a dot, the median as a bar."""
+    import matplotlib.pyplot as plt
+
+    steps = timed_steps(runs, warmup)
+    names = list(steps)
+    fig, ax = plt.subplots(figsize=(8, 0.6 + 0.55 * len(names)))
+    for i, name in enumerate(names):
+        ax.scatter(steps[name], [i] * len(steps[name]), s=40, alpha=0.6, color="C0")
+        median = statistics.median(steps[name])
+        ax.plot([median] * 2, [i - 0.3, i + 0.3], color="k", lw=2.5)
+    ax.set_yticks(range(len(names)), names, fontsize=12)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per step (dots: each timed step; bar: median)", fontsize=11)
+    ax.set_title(title, fontsize=12)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+PHASE_COLORS = {
+    "scatter": "#1f77b4",
+    "replicate": "#ff7f0e",
+    "threads": "#bbbbbb",
+    "forward": "#2ca02c",
+    "gather": "#9467bd",
+    "backward": "#d62728",
+    "optimizer": "#8c564b",
+}
+
+
+def timeline_figure(spans: list[Span], title: str):
+    """One step's phases on the main thread and the replicas' threads."""
+    import matplotlib.pyplot as plt
+
+    lanes = ["main", "thread 0", "thread 1"]
+    fig, ax = plt.subplots(figsize=(9, 2.6))
+    for s in spans:
+        label = "waits for threads" if s.phase == "threads" else s.phase
+        ax.barh(
+            lanes.index(s.lane),
+            (s.end - s.start) * 1e3,
+            left=s.start * 1e3,
+            height=0.5,
+            color=PHASE_COLORS[s.phase.split()[0]],
+            label=label,
+        )
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(
+        unique.values(),
+        unique.keys(),
+        ncol=4,
+        fontsize=10,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.35),
+    )
+    ax.set_yticks(range(3), ["main thread", "replica 0", "replica 1"], fontsize=11)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the step began", fontsize=11)
+    ax.set_title(title, fontsize=12)
+    return fig
 
 
 # --- begin traffic ---
@@ -234,84 +321,3 @@ def unpacked_lengths(
             )
         )
     return shapes
-
-
-# --- begin buffer_sync ---
-class RankCounter(nn.Module):
-    """A linear layer, and a buffer that every forward changes differently on every rank
-    (rank r adds r + 1)."""
-
-    def __init__(self, buffer_numel: int = 5):
-        super().__init__()
-        self.linear = nn.Linear(2, 1)
-        # 5 numbers: its broadcasts are easy to spot
-        self.register_buffer("seen", torch.zeros(buffer_numel))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.seen += rank_world()[0] + 1
-        return self.linear(x)
-
-
-FORWARDS = ("train",) * 3 + ("no_grad",) * 2 + ("train",) * 2 + ("no_sync", "train")
-
-
-def ddp_buffer_broadcasts(
-    forwards: tuple[str, ...] = FORWARDS,
-) -> dict[str, list[dict]]:
-    """On every rank: DDP around ``RankCounter``, built, then run for ``forwards`` (a
-    training step; a forward under ``no_grad``; a training step inside ``no_sync()``),
-    with ``forward_sync_buffers`` on (the default) and off. For the construction and
-    each forward: the broadcasts the process group ran, those that carried the buffer
-    alone, and this rank's buffer."""
-    # gloo's flight recorder, read when the group is made
-    os.environ["TORCH_FR_BUFFER_SIZE"] = "1000"
-    init_distributed(torch.device("cpu"), timeout_s=60)
-    try:
-        return {
-            f"forward_sync_buffers={sync}": _count_broadcasts(sync, forwards)
-            for sync in (True, False)
-        }
-    finally:
-        # free every DDP model while its group lives: one freed after the group is
-        # destroyed can deadlock gloo (the debugging chapter's "exit order")
-        gc.collect()
-        dist.destroy_process_group()
-
-
-def _count_broadcasts(sync: bool, forwards: tuple[str, ...]) -> list[dict]:
-    # imports torch._dynamo: seconds
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    rows, done = [], len(_recorded())
-    model = DDP(RankCounter(), forward_sync_buffers=sync)
-    for kind in ("construction", *forwards):
-        if kind != "construction":
-            with model.no_sync() if kind == "no_sync" else contextlib.nullcontext():
-                with torch.set_grad_enabled(kind != "no_grad"):
-                    out = model(torch.ones(4, 2)).sum()
-                    if kind != "no_grad":
-                        out.backward()
-        new, done = _recorded()[done:], len(_recorded())
-        broadcasts = [sizes for op, sizes in new if op.endswith("broadcast")]
-        alone = broadcasts.count([[model.module.seen.numel()]])
-        rows.append(
-            {
-                "call": kind,
-                "broadcasts": len(broadcasts),
-                "of the buffer": alone,
-                "buffer": model.module.seen[0].item(),
-            }
-        )
-    return rows
-
-
-def _recorded() -> list[tuple[str, list]]:
-    """(operation, input sizes) of every collective this process's gloo group has run,
-    oldest first."""
-    trace = pickle.loads(
-        torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)
-    )
-    return [(e["profiling_name"], e["input_sizes"]) for e in trace["entries"]]
-
-
-# --- end buffer_sync ---

@@ -1,29 +1,43 @@
-"""DDP in practice: uneven inputs and ``Join``, BatchNorm under DDP, exact
-distributed evaluation.
+"""DDP in practice: uneven inputs and ``Join``, the buffers DDP broadcasts, BatchNorm
+under DDP, exact distributed evaluation.
 
 The experiments of book/ddp_in_practice.md. The ``*_demo`` functions run on every rank
-of a ``run_ranks`` or ``observe`` launch (2 gloo ranks on the page); the ``*_reference``
+(2 gloo ranks on the page, all in one launch: ``practice_runs``); the ``*_reference``
 functions compute the same thing in one process, for the tests and the page to
-compare with.
+compare with. What DDP and Join issue is recorded by the process group's flight
+recorder and tagged with the call that issued it (``distlab.tools.collective_lanes``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import gc
+import warnings
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.join import Join
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data.distributed import DistributedSampler
 
 from distlab.infra.observe import caught, stuck
-from distlab.runtime import rank_world
-from distlab.scratch.sync_batchnorm import convert_sync_batchnorm_on_gloo
+from distlab.runtime import init_distributed, rank_world
+from distlab.scratch.sync_batchnorm import (
+    convert_sync_batchnorm_on_gloo,
+    torch_refusals,
+)
+from distlab.tools.collective_lanes import (
+    CollectiveLog,
+    enable_flight_recorder,
+    recorded,
+    tag_ddp_join,
+    untagged,
+)
+from distlab.tools.exact_eval import eval_data, naive_evaluations
 
 ROWS = 4  # rows per rank per step, in the uneven-inputs and BatchNorm demos
 TRUE_W = torch.tensor([[1.0], [-2.0], [0.5]])
@@ -47,6 +61,21 @@ def regressor() -> nn.Module:
     return nn.Linear(3, 1)
 
 
+class RankCounter(nn.Module):
+    """The regressor, and a buffer that every forward changes differently on every
+    rank (rank r adds r + 1): where a broadcast came from shows in its value."""
+
+    def __init__(self, buffer_numel: int = 5):
+        super().__init__()
+        self.linear = regressor()
+        # 5 numbers: its broadcasts are easy to spot among the others
+        self.register_buffer("seen", torch.zeros(buffer_numel))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen += rank_world()[0] + 1
+        return self.linear(x)
+
+
 # --- begin uneven ---
 def uneven_demo(
     report: str,
@@ -54,49 +83,40 @@ def uneven_demo(
     join: bool,
     divide_by_initial_world_size: bool = True,
     idle_s: float = 0.0,
-    lr: float = 0.1,
+    module=regressor,
+    instrument=None,
 ) -> dict:
     """Rank r trains ``steps_per_rank[r]`` steps of DDP, inside ``Join`` or not."""
     rank, _ = rank_world()
-    model = DDP(regressor())
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    shadowed = []  # the backward passes this rank shadowed after it ran out of data
-    real_match = model._match_all_reduce_for_bwd_pass
-    model._match_all_reduce_for_bwd_pass = lambda: (shadowed.append(1), real_match())
+    model = DDP(module())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if instrument:  # the page's flight-recorder tags
+        instrument(model, opt)
     context = (
         Join([model], divide_by_initial_world_size=divide_by_initial_world_size)
         if join
         else contextlib.nullcontext()
     )
-    grads, done, left_loop, counted = [], 0, None, CommDebugMode()
+    grads, done, left_loop = [], 0, None
     with caught(report) as failed, context:
         for step in range(steps_per_rank[rank]):
             x, y = uneven_batch(step, rank)
             opt.zero_grad()
-            # step 2's collectives are counted: step 1 also broadcasts DDP's rebuilt
-            # buckets, once
-            with counted if step == 2 else contextlib.nullcontext():
-                # the gradient all-reduce: every rank must be here
-                F.mse_loss(model(x), y).backward()
+            # the gradient all-reduce: every rank must be here
+            F.mse_loss(model(x), y).backward()
             grads.append(flat(p.grad for p in model.parameters()))
             opt.step()
             done += 1
-        # the weights when this rank ran out of data
-        left_loop = flat(model.parameters())
+        left_loop = flat(model.parameters())  # when this rank ran out of data
     if failed.error is None and not join:
-        # the rank with less data goes on to other work (a checkpoint, say)
-        stuck(idle_s)
+        stuck(idle_s)  # the rank with less data goes on to other work
     return {
         "steps": done,
-        "shadowed": len(shadowed),
         "grads": grads,
         "left_loop": left_loop,
         "weights": flat(model.parameters()),
         "error": failed.error,
         "waited_s": failed.waited_s,
-        "step_collectives": {
-            str(op).split(".")[-1]: n for op, n in counted.get_comm_counts().items()
-        },
     }
 
 
@@ -107,17 +127,15 @@ def uneven_reference(
     steps_per_rank: list[int],
     divide_by_initial_world_size: bool = True,
     lr: float = 0.1,
+    stale: tuple[int, ...] = (),
 ) -> dict:
     """One process, the same rows: at each step the rows of the ranks that still
-    have data.
-
-    ``divide_by_initial_world_size``: a step's loss is divided by every rank's rows
-    (``ROWS * world_size``), as if the missing ranks' rows counted zero; else by the
-    rows present.
-    """
+    have data, the loss divided by every rank's rows (``divide_by_initial_world_size``:
+    the missing rows count zero) or by the rows present. ``stale``: parameters whose
+    gradient, once a rank has run out, is that of the last step every rank took."""
     model, world_size = regressor(), len(steps_per_rank)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    grads = []
+    grads, last_full = [], {}
     for step in range(max(steps_per_rank)):
         x, y = (
             torch.cat(t)
@@ -132,9 +150,119 @@ def uneven_reference(
         rows = ROWS * world_size if divide_by_initial_world_size else len(x)
         opt.zero_grad()
         (F.mse_loss(model(x), y, reduction="sum") / rows).backward()
-        grads.append(flat(p.grad for p in model.parameters()))
+        params = list(model.parameters())
+        if step < min(steps_per_rank):
+            last_full = {i: params[i].grad.clone() for i in stale}
+        else:
+            for i in stale:
+                params[i].grad = last_full[i]
+        grads.append(flat(p.grad for p in params))
         opt.step()
     return {"grads": grads, "weights": flat(model.parameters())}
+
+
+# --- begin zero ---
+def zero_demo(steps_per_rank: list[int]) -> dict:
+    """The uneven run with ZeRO-1: each rank steps its shard of the parameters and
+    broadcasts it; the optimizer is a second joinable."""
+    rank, _ = rank_world()
+    model = DDP(regressor())
+    opt = ZeroRedundancyOptimizer(
+        model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1
+    )
+    with Join([model, opt]):
+        for step in range(steps_per_rank[rank]):
+            x, y = uneven_batch(step, rank)
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()  # this rank's shard, then a broadcast of every shard
+    mine = {id(p) for p in opt.optim.param_groups[0]["params"]}
+    return {
+        "weights": flat(model.parameters()),
+        "shard": [i for i, p in enumerate(model.parameters()) if id(p) in mine],
+    }
+
+
+# --- end zero ---
+
+
+# ---------------------------------------------------------------- the lane diagram
+def lanes_demo(report: str, steps_per_rank: list[int], module=regressor) -> dict:
+    """The ``Join`` run with every collective recorded and tagged; the buffers of
+    each rank after each of its steps."""
+    log, buffers = CollectiveLog(), []
+
+    def instrument(model, opt):
+        log.start = len(recorded())  # after DDP's construction
+        tag_ddp_join(log, model)
+        step = opt.step
+
+        def step_and_read(*args, **kwargs):
+            out = step(*args, **kwargs)
+            buffers.append([b[0].item() for b in model.module.buffers()])
+            return out
+
+        opt.step = step_and_read
+        log.tag(opt, "step", "", ends_phase="step {n}")
+
+    try:
+        out = uneven_demo(
+            report, steps_per_rank, True, module=module, instrument=instrument
+        )
+    finally:
+        log.restore()
+    log.mark("end")
+    return {**out, "phases": log.phases(untagged), "buffers": buffers}
+
+
+# ---------------------------------------------------------------- buffers
+FORWARDS = ("train",) * 3 + ("no_grad",) * 2 + ("train",) * 2 + ("no_sync", "train")
+BUFFER_SETTINGS = {
+    "forward_sync_buffers=True": {},  # the default
+    "forward_sync_buffers=False": {"forward_sync_buffers": False},
+    "broadcast_buffers=False": {"broadcast_buffers": False},  # deprecated in 2.13
+}
+
+
+# --- begin buffer_sync ---
+def buffer_broadcasts(forwards: tuple[str, ...] = FORWARDS) -> dict[str, list[dict]]:
+    """On every rank, for each setting: DDP around ``RankCounter``, built, then run
+    for ``forwards`` (a training step; a forward under ``no_grad``; a training step
+    inside ``no_sync()``). For the construction and each forward: the numbers
+    broadcast, the broadcasts of the buffer alone, and this rank's buffer."""
+    out = {}
+    for setting, kwargs in BUFFER_SETTINGS.items():
+        log = CollectiveLog()
+        with warnings.catch_warnings():  # broadcast_buffers: a FutureWarning
+            warnings.simplefilter("ignore", FutureWarning)
+            model = DDP(RankCounter(), **kwargs)
+        log.mark("construction")
+        seen = [model.module.seen[0].item()]
+        for kind in forwards:
+            sync = model.no_sync() if kind == "no_sync" else contextlib.nullcontext()
+            with sync, torch.set_grad_enabled(kind != "no_grad"):
+                loss = model(torch.ones(4, 3)).sum()
+                if kind != "no_grad":
+                    loss.backward()
+            log.mark(kind)
+            seen.append(model.module.seen[0].item())
+        buffer = model.module.seen.numel()
+        out[setting] = [
+            {
+                "call": phase,
+                "numbers broadcast": sum(n for k, n, _ in rows if k == "broadcast"),
+                "of the buffer": sum(
+                    k == "broadcast" and n == buffer for k, n, _ in rows
+                ),
+                "buffer": value,
+            }
+            for (phase, rows), value in zip(log.phases(lambda kind: ""), seen)
+        ]
+        del model  # freed while the group lives (the debugging chapter's exit order)
+    return out
+
+
+# --- end buffer_sync ---
 
 
 # ---------------------------------------------------------------- BatchNorm
@@ -168,7 +296,7 @@ def _steps(model, opt, batches, runner=None) -> dict:
         opt.step()
     forward.eval()
     with torch.no_grad():
-        # under DDP with broadcast_buffers, this forward broadcasts rank 0's buffers
+        # under DDP with forward_sync_buffers, this forward broadcasts rank 0's buffers
         probe = forward(PROBE)
     bn = next(
         m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
@@ -184,7 +312,10 @@ def _steps(model, opt, batches, runner=None) -> dict:
 
 # --- begin batchnorm ---
 def bn_demo(
-    broadcast_buffers: bool = True, sync: bool = False, steps: int = 3, lr: float = 0.1
+    forward_sync_buffers: bool = True,
+    sync: bool = False,
+    steps: int = 3,
+    lr: float = 0.1,
 ) -> dict:
     """Rank r trains the BatchNorm model under DDP on its ROWS rows of each
     global batch."""
@@ -198,7 +329,7 @@ def bn_demo(
     F.mse_loss(local(x[mine]), y[mine]).backward()
     mean_of_local = flat(p.grad for p in local.parameters()) / world_size
     dist.all_reduce(mean_of_local)
-    ddp = DDP(module, broadcast_buffers=broadcast_buffers)
+    ddp = DDP(module, forward_sync_buffers=forward_sync_buffers)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
     out = _steps(
         module,
@@ -235,104 +366,33 @@ def bn_reference(steps: int = 3, lr: float = 0.1, world_size: int = 2) -> dict:
     return _steps(model, opt, [bn_batch(s, world_size) for s in range(steps)])
 
 
-def torch_sync_batchnorm_on_cpu() -> dict[str, str]:
-    """What torch's own SyncBatchNorm does with CPU tensors on a gloo group: each
-    attempt, one line."""
-    model = nn.SyncBatchNorm.convert_sync_batchnorm(bn_model())
-    out = {"converted": type(model[1]).__name__}
-    for name, attempt in (
-        ("forward", lambda: model(bn_batch(0, 1)[0])),
-        ("DDP(model)", lambda: DDP(model)),
-    ):
-        try:
-            attempt()
-            out[name] = "ran"
-        except ValueError as err:
-            out[name] = f"ValueError: {err}"
-    return out
+# ---------------------------------------------------------------- one launch
+STEPS = [4, 3]  # batches on rank 0, rank 1
 
 
-# ---------------------------------------------------------------- exact evaluation
-def per_sample_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Squared error of each sample, (B,)."""
-    return (model(x) - y).pow(2).sum(1)
-
-
-# --- begin exact ---
-@torch.no_grad()
-def evaluate_exactly(model: nn.Module, dataset, batch_size: int = 2) -> float:
-    """The mean loss over every sample of ``dataset`` exactly once, the same on
-    every rank.
-
-    The shards are DistributedSampler's (shuffle off, padded: every rank runs the same
-    number of batches, which a model whose forward has collectives needs); the padding
-    is masked out.
-    """
-    rank, world_size = rank_world()
-    sampler = DistributedSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=False
-    )
-    indices = list(sampler)
-    # (sum of losses, samples): float64 keeps counts exact
-    total = torch.zeros(2, dtype=torch.float64)
-    for start in range(0, len(indices), batch_size):
-        batch = indices[start : start + batch_size]
-        x, y = (torch.stack(t) for t in zip(*[dataset[i] for i in batch]))
-        # rank r holds positions r, r + N, r + 2N, ... of the padded order; those past
-        # the end are repeats
-        real = torch.tensor(
-            [rank + (start + j) * world_size < len(dataset) for j in range(len(batch))]
-        )
-        total[0] += per_sample_loss(model, x, y)[real].sum().double()
-        total[1] += real.sum()
-    dist.all_reduce(total)  # one collective, after the loop
-    return (total[0] / total[1]).item()
-
-
-# --- end exact ---
-
-
-@torch.no_grad()
-def naive_evaluations(
-    model: nn.Module, dataset, batch_size: int = 2
-) -> dict[str, float]:
-    """The usual mistakes, on every rank: the mean of the ranks' means over padded
-    shards, the sum and count over padded shards, and the same with ``drop_last``."""
-    rank, world_size = rank_world()
-    out = {}
-    for name, drop_last in (("padded", False), ("drop_last", True)):
-        idx = list(
-            DistributedSampler(
-                dataset,
-                num_replicas=world_size,
-                rank=rank,
-                shuffle=False,
-                drop_last=drop_last,
-            )
-        )
-        losses = per_sample_loss(
-            model, *(torch.stack(t) for t in zip(*[dataset[i] for i in idx]))
-        )
-        totals = torch.tensor(
-            [losses.mean().item(), losses.sum().item(), len(idx)], dtype=torch.float64
-        )
-        dist.all_reduce(totals)
-        out[f"mean of rank means, {name}"] = (totals[0] / world_size).item()
-        out[f"sum / count, {name}"] = (totals[1] / totals[2]).item()
-    out["exact"] = evaluate_exactly(model, dataset, batch_size)
-    return out
-
-
-def eval_data(n: int) -> tuple[nn.Module, torch.utils.data.TensorDataset]:
-    """A fixed regressor and ``n`` samples whose losses differ a lot (so a
-    repeat shows)."""
-    torch.manual_seed(0)
-    x = torch.randn(n, 3)
-    return regressor(), torch.utils.data.TensorDataset(
-        x, x @ TRUE_W + torch.arange(n, dtype=torch.float32)[:, None]
-    )
-
-
-def one_process_mean(model: nn.Module, dataset) -> float:
-    with torch.no_grad():
-        return per_sample_loss(model, *dataset.tensors).double().mean().item()
+def practice_runs(report: str) -> dict:
+    """Every experiment of the page that runs on healthy ranks, on every rank of one
+    launch (``run_ranks(..., init_group=False)``): the group is made here, with the
+    flight recorder on."""
+    enable_flight_recorder()
+    init_distributed(torch.device("cpu"), timeout_s=30)
+    try:
+        return {
+            "lanes": lanes_demo(report, STEPS),  # Join, divide_by_initial_world_size
+            "no_divide": uneven_demo(report, STEPS, True, False),
+            "lanes_buffers": lanes_demo(report, STEPS, RankCounter),
+            "zero": zero_demo(STEPS),
+            "buffers": buffer_broadcasts(),
+            "bn": {
+                "default": bn_demo(),
+                "forward_sync_buffers=False": bn_demo(forward_sync_buffers=False),
+                "synchronised": bn_demo(sync=True),
+                "torch SyncBatchNorm on CPU": torch_refusals(),
+            },
+            "eval": naive_evaluations(*eval_data(5)),
+        }
+    finally:
+        # free every DDP model while its group lives: one freed after the group is
+        # destroyed can deadlock gloo (the debugging chapter's "exit order")
+        gc.collect()
+        dist.destroy_process_group()

@@ -10,6 +10,8 @@ single process:
     train_steps("single")
     # the real Reducer's buckets
     run_ranks(bucket_layouts, nprocs=2)
+    # everything the page shows from 2 ranks, in one launch
+    run_ranks(page_runs, nprocs=2)
 
 Strategies (``STRATEGIES``, names from ``distlab.infra.experiment``): ``single`` (no
 wrapper; one process), ``ddp`` (torch's DistributedDataParallel) and the from-scratch
@@ -23,9 +25,7 @@ which a ``TorchDispatchMode`` sees like any others.
 
 from __future__ import annotations
 
-import logging
-import re
-import time
+import os
 from collections import Counter
 
 import torch
@@ -38,6 +38,8 @@ from distlab.memory import tracker_snapshot
 from distlab.model import GPT, preset
 from distlab.parallel import apply_ddp
 from distlab.runtime import dist_env, pick_device
+from distlab.tools.comm_timeline import Timeline, timestamping_hook
+from distlab.tools.ddp_compile import ddp_optimizer_report
 
 FROM_SCRATCH = ("ddp-naive", "ddp-hooks", "ddp-bucketed")
 STRATEGIES = ("single", "ddp", *FROM_SCRATCH)
@@ -129,6 +131,9 @@ def reducer_buckets(ddp) -> list[tuple[int, list[str]]]:
     ]
 
 
+# --- end layouts ---
+
+
 def bucket_layouts(
     preset_name: str = "tiny",
     bucket_cap_mb: float | None = None,
@@ -136,33 +141,41 @@ def bucket_layouts(
     **ddp_kwargs,
 ) -> dict:
     """On every rank: torch DDP's buckets when it is built, after the first backward,
-    and from the second forward on; and the order in which the first backward made the
-    gradients ready."""
+    and from the second forward on; the order in which the first backward made the
+    gradients ready; and each backward's events, gradients ready and buckets launched
+    in the order they happened (``distlab.tools.bucket_firing`` draws them)."""
     model = GPT(preset(preset_name))
     ddp = _ddp(model, bucket_cap_mb, **ddp_kwargs)
+    timeline = Timeline()  # records in order; its comm hook all-reduces as DDP does
+    ddp.register_comm_hook(timeline, timestamping_hook)
+    timeline.watch_gradients(model)
+    names = [name for name, _ in model.named_parameters()]  # the Reducer's indices
     x = torch.randint(0, model.config.vocab_size, (1, tokens), device=_device())
-    layouts = {"built": reducer_buckets(ddp)}
-    ddp(x, x)[1].backward()
-    layouts["after backward 1"] = reducer_buckets(ddp)
-    loss = ddp(x, x)[1]  # DDP's forward first asks the Reducer to rebuild its buckets
-    layouts["from forward 2 on"] = reducer_buckets(ddp)
-    loss.backward()
-    # the Reducer's parameter indices
-    names = [name for name, _ in ddp.module.named_parameters()]
+    layouts, backwards = {"built": reducer_buckets(ddp)}, []
+    for step in range(2):
+        timeline.clear()
+        loss = ddp(x, x)[1]  # the second forward first rebuilds the buckets
+        if step:
+            layouts["from forward 2 on"] = reducer_buckets(ddp)
+        loss.backward()
+        if not step:
+            layouts["after backward 1"] = reducer_buckets(ddp)
+        events = [(w, names[i] if w == "grad" else i) for w, i, _ in timeline.events]
+        backwards.append(
+            {
+                "events": [e for e in events if e[0] in ("grad", "launch")],
+                "buckets": reducer_buckets(ddp),
+            }
+        )
     # logged by the second forward, so it is the first backward's order
     ready = ddp._get_ddp_logging_data()["prev_iteration_grad_ready_order_indices"]
     return {
         "layouts": layouts,
+        "backwards": backwards,
         "ready_order": [names[int(i)] for i in ready.split(",")],
         "parameters": names,
-        "bytes": {
-            name: p.numel() * p.element_size()
-            for name, p in ddp.module.named_parameters()
-        },
+        "bytes": {n: p.numel() * p.element_size() for n, p in model.named_parameters()},
     }
-
-
-# --- end layouts ---
 
 
 def gradient_when_backward_returns() -> dict:
@@ -271,72 +284,113 @@ def compiled_ddp(
     bucket_cap_mb: float | None = None,
     compile_first: bool = False,
 ) -> dict:
-    """On every rank: ``torch.compile(DDP(gpt))`` (or ``DDP(torch.compile(gpt))``) for
-    two steps with the ``aot_eager`` backend (Dynamo and AOTAutograd, no code
-    generation). Returns the graphs the backend was handed, DDPOptimizer's own log line,
-    DDP's buckets after its rebuild, and the first step's seconds, or the error that
-    stopped the compile."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
+    """On every rank: ``torch.compile(DDP(gpt))`` (or ``DDP(torch.compile(gpt))``), two
+    steps, as ``distlab.tools.ddp_compile.ddp_optimizer_report`` reports them."""
     model = GPT(preset("tiny", **({"n_embd": n_embd} if n_embd else {})))
     x = torch.randint(0, model.config.vocab_size, (2, 32), device=_device())
-    backend = CompileCounterWithBackend("aot_eager")  # counts the graphs it compiles
-    if compile_first:
-        model = torch.compile(model, backend=backend)
-    ddp = _ddp(model, bucket_cap_mb)
-    step = ddp if compile_first else torch.compile(ddp, backend=backend)
-    said = _LogLines()
-    dynamo_log = logging.getLogger("torch._dynamo.backends.distributed")
-    level, dynamo_log.level = dynamo_log.level, logging.INFO
-    dynamo_log.addHandler(said)
-    seconds = []
+    return ddp_optimizer_report(
+        model, lambda m: _ddp(m, bucket_cap_mb), lambda m: m(x, x)[1], compile_first
+    )
+
+
+# ------------------------------------------------ the page's one launch of 2 ranks
+class _Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.used(x)  # self.unused takes no part
+
+
+def unused_parameter(wrap) -> str:
+    """Two steps of ``wrap(model)`` where one layer gets no gradient: "two steps done",
+    or the first line of the error that stopped them. Neither wrapper launches the
+    stalled bucket, so the group is still in step for what follows."""
+    from distlab.scratch.ddp import BucketedDDP
+
+    model = wrap(_Branchy().to(_device()))
     try:
         for _ in range(2):
-            start = time.perf_counter()
-            step(x, x)[1].backward()
-            seconds.append(time.perf_counter() - start)
-    except Exception as err:  # noqa: BLE001 - the page shows what stopped the compile
-        return {"error": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
-    finally:
-        dynamo_log.removeHandler(said)
-        dynamo_log.setLevel(level)
-    return {
-        "param_bytes": sum(
-            p.numel() * p.element_size() for p in ddp.module.parameters()
-        ),
-        "graphs": backend.frame_count,
-        "ddp_optimizer": [
-            line.strip() for line in said.lines if "DDPOptimizer" in line
-        ],
-        "ddp_buckets": [size for size, _ in reducer_buckets(ddp)],
-        "graph_breaks": {
-            _explanation(reason): n for reason, n in counters["graph_break"].items()
-        },
-        "first_step_s": seconds[0],
-    }
+            model(torch.randn(2, 4, device=_device())).sum().backward()
+            if isinstance(model, BucketedDDP):
+                model.finish_gradient_sync()
+    except RuntimeError as err:
+        return str(err).splitlines()[0]
+    return "two steps done"
 
 
-class _LogLines(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _explanation(reason: str) -> str:
-    """The line of a Dynamo graph-break reason that says what it could not trace."""
-    lines = [line.strip() for line in reason.splitlines() if line.strip()]
-    why = next(
-        (
-            line.removeprefix("Explanation: ")
-            for line in lines
-            if line.startswith("Explanation:")
-        ),
-        lines[0],
+def autocast_bucket_dtypes() -> list[str]:
+    """The dtypes of torch DDP's buckets after a backward under bf16 autocast."""
+    ddp = _ddp(GPT(preset("tiny")))
+    x = torch.randint(0, 65, (1, 16), device=_device())
+    with torch.autocast(_device().type, dtype=torch.bfloat16):
+        loss = ddp(x, x)[1]
+    loss.backward()
+    return sorted(
+        {str(b.buffer().dtype) for b in ddp.reducer._get_zeros_like_grad_buckets()}
     )
-    return re.sub(r" in file `[^`]*`", "", why)  # not this machine's paths
+
+
+def page_runs(steps: int = 5) -> dict:
+    """On each of 2 ranks, every experiment of book/ddp_internals.md but the 3-rank
+    division, in one launch to save process start-ups."""
+    from distlab.scratch.ddp import BucketedDDP
+
+    grads = {s: gradients(s, bucket_cap_mb=0.05) for s in STRATEGIES[1:]}
+    out = {
+        "checks": {
+            s: {
+                "grad_diff": max(
+                    (a - b).abs().max().item() for a, b in zip(g, grads["ddp"])
+                ),
+                "losses": train_steps(s, steps=steps)["losses"],
+            }
+            for s, g in grads.items()
+        },
+        "layouts": {
+            "shakespeare, defaults": bucket_layouts("shakespeare"),
+            "tiny, bucket_cap_mb=0.05": bucket_layouts("tiny", 0.05),
+            "tiny, bucket_cap_mb=0.05, find_unused_parameters=True": bucket_layouts(
+                "tiny", 0.05, find_unused_parameters=True
+            ),
+        },
+    }
+    static = _ddp(
+        GPT(preset("tiny")), 0.05, find_unused_parameters=True, static_graph=True
+    )
+    out["static_graph buckets at construction"] = len(reducer_buckets(static))
+    os.environ["DDP_SET_LAST_BUCKET_CAP"] = "1"  # read by the Reducer at its rebuild
+    try:
+        out["last bucket small"] = bucket_layouts("shakespeare")["layouts"][
+            "from forward 2 on"
+        ]
+    finally:
+        del os.environ["DDP_SET_LAST_BUCKET_CAP"]
+    out["backward"] = gradient_when_backward_returns()
+    out["autocast"] = autocast_bucket_dtypes()
+    out["unused"] = {
+        "BucketedDDP": unused_parameter(lambda m: BucketedDDP(m, bucket_cap_mb=1e-6)),
+        "torch DDP": unused_parameter(_ddp),
+        "torch DDP, find_unused_parameters=True": unused_parameter(
+            lambda m: _ddp(m, find_unused_parameters=True)
+        ),
+    }
+    out["bucket_view"] = {
+        (batch, tokens): {
+            (view, to_none): bucket_view_costs(view, to_none, batch, tokens)
+            for view in (False, True)
+            for to_none in (True, False)
+        }
+        for batch, tokens in ((4, 64), (1, 8))
+    }
+    ddp = _ddp(GPT(preset("tiny")))
+    out["keys"] = (list(ddp.state_dict())[:2], list(ddp.module.state_dict())[:2])
+    mine = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(mine, op=dist.ReduceOp.AVG)  # gloo accepts AVG for floats
+    out["avg"] = mine.item()
+    out["compile"] = {
+        "defaults": compiled_ddp(n_embd=256),
+        "bucket_cap_mb=0.05": compiled_ddp(n_embd=256, bucket_cap_mb=0.05),
+    }
+    return out

@@ -2,11 +2,14 @@
 book/ddp_overlap.md.
 
     # bucket timestamps, from-scratch and torch DDP
-    run_ranks(timeline_demo, nprocs=2)
+    timelines = run_ranks(timeline_demo, nprocs=2)
+    overlap_figure(timelines)  # the page's key figure
     # bytes, seconds and losses per comm hook
-    run_ranks(compression_demo, nprocs=2)
+    runs = run_ranks(compression_demo, nprocs=2)[0]
+    bytes_figure(runs)
 
-Both run on every rank of a ``run_ranks`` launch (2 gloo ranks on the page).
+Both demos run on every rank of a ``run_ranks`` launch (2 gloo ranks on the page); the
+figures and ``step_facts`` run in the notebook, on what the ranks returned.
 """
 
 import math
@@ -24,7 +27,12 @@ from distlab.parallel import apply_ddp
 from distlab.runtime import dist_env, pick_device, rank_world, synchronize
 from distlab.scratch.ddp import BucketedDDP
 from distlab.tools.comm_bytes import CountedAllReduce
-from distlab.tools.comm_timeline import Timeline, timestamping_hook
+from distlab.tools.comm_timeline import (
+    Timeline,
+    draw_timeline,
+    step_times,
+    timestamping_hook,
+)
 
 SEED = 1337
 
@@ -135,6 +143,56 @@ def timeline_demo(
 
 # --- end timeline ---
 
+# (wrapper, step, title): the panels of the page's key figure
+PANELS = (
+    ("torch", 1, "torch DDP, step 2: rebuilt buckets, during backward"),
+    ("torch", 0, "torch DDP, step 1: one bucket, after backward"),
+    ("from scratch", 1, "BucketedDDP (from scratch), step 2"),
+)
+
+
+def overlap_figure(timelines: list[dict]):
+    """The three panels of PANELS, one above the other on one time axis: what each
+    rank's backward and each bucket's all-reduce did (``draw_timeline``)."""
+    import matplotlib.pyplot as plt
+
+    rows = [2 + len(timelines[0][w][s]["bucket_bytes"]) for w, s, _ in PANELS]
+    fig, axes = plt.subplots(
+        len(PANELS),
+        1,
+        figsize=(8, 1.4 + 0.3 * sum(rows)),
+        sharex=True,
+        gridspec_kw={"height_ratios": rows},
+    )
+    for ax, (wrapper, step, title) in zip(axes, PANELS):
+        draw_timeline(ax, [r[wrapper][step] for r in timelines], title)
+    axes[-1].set_xlabel("ms since rank 0 started backward", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def step_facts(timelines: list[dict], wrapper: str, step: int) -> dict:
+    """Order facts of one recorded step, on both ranks: the buckets, whether they were
+    launched in bucket order, how many were launched before the rank's last gradient
+    (the fewest over the ranks)."""
+    origin = next(
+        t for what, _, t in timelines[0][wrapper][step]["events"] if what == "backward"
+    )
+    ms = [step_times(r[wrapper][step]["events"], origin) for r in timelines]
+    n = len(ms[0]["launch"])
+    # the last gradient: ours marks the last bucket ready before its own gradient
+    # tick, so take that
+    last_grad = [m["ready"].get(n - 1, max(m["grads"])) for m in ms]
+    return {
+        "buckets": n,
+        "launch order": all(
+            sorted(m["launch"], key=m["launch"].get) == list(range(n)) for m in ms
+        ),
+        "launched before the last gradient": min(
+            sum(m["launch"][b] < g for b in range(n)) for m, g in zip(ms, last_grad)
+        ),
+    }
+
 
 # ---------------------------------------------------------------- communication hooks
 def bf16_hook_by_another_name(process_group, bucket):
@@ -143,6 +201,7 @@ def bf16_hook_by_another_name(process_group, bucket):
     return default_hooks.bf16_compress_hook(process_group, bucket)
 
 
+# --- begin register ---
 def _register(ddp: DDP, variant: str, start_powersgd_iter: int):
     """Register the comm hook of ``variant`` on ``ddp``; returns the PowerSGD state,
     or None."""
@@ -167,6 +226,9 @@ def _register(ddp: DDP, variant: str, start_powersgd_iter: int):
             f"unknown variant {variant!r}: fp32, fp16, bf16 or powersgd-<rank>"
         )
     return None
+
+
+# --- end register ---
 
 
 def bf16_refusal() -> str:
@@ -265,6 +327,35 @@ def powersgd_many_buckets(
         x, y = _batch(step, 2, 64)
         ddp(x, y)[1].backward()
     return len(ddp.reducer._get_zeros_like_grad_buckets())
+
+
+def step_bytes(run: dict, step: int = -1) -> int:
+    """Bytes this rank handed to ``dist.all_reduce`` in one step of a
+    ``train_with_hook`` run."""
+    return sum(b for *_, b in run["calls"][step])
+
+
+def bytes_figure(runs: dict, variants: list[str]):
+    """Bytes all-reduced per step by each hook (its last step, PowerSGD compressing),
+    on a log axis, each bar labelled with its cut against fp32."""
+    import matplotlib.pyplot as plt
+
+    fp32 = step_bytes(runs["fp32"])
+    sent = [step_bytes(runs[v]) for v in variants]
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(variants)))
+    colours = ["0.55" if v == "fp32" else "tab:blue" for v in variants]
+    ax.barh(range(len(variants)), sent, color=colours)
+    for i, b in enumerate(sent):
+        label = "fp32: the whole bucket" if b == fp32 else f"1/{fp32 / b:.0f} of fp32"
+        ax.text(b * 1.15, i, label, va="center", fontsize=11)
+    ax.set_yticks(range(len(variants)), variants, fontsize=11)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(min(sent) / 2, fp32 * 40)
+    ax.set_xlabel("bytes all-reduced per step, counted (log scale)", fontsize=11)
+    ax.tick_params(axis="x", labelsize=10)
+    fig.tight_layout()
+    return fig
 
 
 # --- begin formula ---

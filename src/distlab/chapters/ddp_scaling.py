@@ -1,11 +1,10 @@
 """The experiments of book/ddp_scaling.md: the DDP step model
-(``distlab.tools.step_model``) checked against this machine, its GPU answers, and the
-all-reduce algorithms' costs.
+(``distlab.tools.step_model``) checked against this machine, and its inputs for GPUs.
 
     # one cheap launch: the alpha-beta fit, and DDP's exposed all-reduce
     # measured directly
     measured = run_ranks(measure_on_ranks, nprocs=2)
-    cpu_check(measured[0])     # the model's exposed time against it
+    cpu_check(measured)        # the model's exposed time against it
     recorded_runs_check(link)  # ... and the recorded 1/2/4-rank runs
 """
 
@@ -25,15 +24,14 @@ from distlab.flops import DATASHEET_PEAKS
 from distlab.infra.paths import RESULTS_DIR
 from distlab.model import GPT, preset
 from distlab.runtime import rank_world
-from distlab.tools import allreduce_costs
 from distlab.tools.step_model import (
     ASSUMED_MFU,
-    GPU_LINKS,
     Link,
+    backward_done,
     bucket_sizes,
     ddp_default_buckets,
+    ddp_schedule,
     ddp_step,
-    efficiency,
     gradient_bytes,
 )
 
@@ -46,12 +44,28 @@ H100_BF16 = next(
 )
 # the model's GPU compute rate: an assumption, stated on the page
 GPU_FLOPS = ASSUMED_MFU * H100_BF16
+# GPT-2 small: the gpt2 preset's shape with GPT-2's 50,257-token vocabulary
+GPT2_SMALL = preset("gpt2", vocab_size=50257)
+# A published all_reduce_perf run at DDP's bucket sizes: 2 nodes of 8 H20s "with NVL
+# SHARP", the out-of-place time (us) of each size (bytes), from nvidia/nccl#1244
+NCCL_1244 = "https://github.com/NVIDIA/nccl/issues/1244"
+NCCL_1244_ROWS = [
+    (2**20, 121.8),
+    (2**21, 129.8),
+    (2**22, 127.6),
+    (2**23, 146.5),
+    (2**24, 203.0),
+    (2**25, 298.5),
+    (2**26, 467.9),
+]
 RECORDED = RESULTS_DIR / "bench" / "cpu_shakespeare_fp32.json"
+# when an H200's backward completed each gradient (distlab.bench.backward_ready)
+BACKWARD_READY = RESULTS_DIR / "backward_ready_bench.json"
 DDP_BENCH = RESULTS_DIR / "ddp_bench.json"
 
 
 # --- begin exposed ---
-def exposed_all_reduce(steps: int = 12) -> dict:
+def exposed_all_reduce(steps: int = 8) -> dict:
     """On every rank: one step's time with DDP's all-reduce and without it
     (``no_sync``), pairs interleaved so that a slow moment of the machine hits both; the
     difference is what the all-reduce adds to the step, measured directly."""
@@ -74,7 +88,7 @@ def exposed_all_reduce(steps: int = 12) -> dict:
                 model(x, y)[1].backward()
         return time.perf_counter() - start
 
-    for _ in range(3):  # warm-up; DDP rebuilds its buckets after the first step
+    for _ in range(2):  # warm-up; DDP rebuilds its buckets after the first step
         step(True), step(False)
     with_sync, without = zip(*((step(True), step(False)) for _ in range(steps)))
     return {
@@ -101,7 +115,7 @@ def real_buckets(caps_mb=(None, 1.0)) -> dict:
     }
 
 
-def measure_on_ranks(steps: int = 12) -> dict:
+def measure_on_ranks(steps: int = 8) -> dict:
     """Everything the page measures, in one launch: DDP's real buckets, the alpha-beta
     timings, then ``steps`` pairs of DDP steps."""
     return {
@@ -203,77 +217,38 @@ def bucket_sweep(link: Link) -> list[dict]:
     return rows
 
 
-def efficiency_figure(cfg_name: str = "gpt2", n: int = 8, batches=None):
-    """The model's efficiency against the per-GPU batch, one line per GPU link."""
-    import matplotlib.pyplot as plt
-
-    cfg, batches = preset(cfg_name), batches or [2**k for k in range(0, 10)]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for link, color in zip(GPU_LINKS.values(), ("#3b6ea5", "#e39b4c", "#c0504d")):
-        ax.plot(
-            batches,
-            [efficiency(cfg, b, n, link, GPU_FLOPS) for b in batches],
-            "o-",
-            color=color,
-            label=link.name,
-        )
-    ax.axhline(0.9, color="#999", ls=":", label="90%")
-    ax.set(
-        xscale="log",
-        xlabel=f"sequences of {cfg.block_size} tokens per GPU",
-        ylabel="scaling efficiency",
-    )
-    ax.set_title(
-        f"model, not measured: {cfg_name} on {n} H100s at {ASSUMED_MFU:.0%} MFU (bf16)",
-        fontsize=10,
-    )
-    ax.set_xticks(batches, [str(b) for b in batches])
-    ax.minorticks_off()
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+def recorded_ready(cfg=GPT2_SMALL) -> dict:
+    """The recorded GPU backward against the model's estimate: the fraction of backward
+    done when the first gradient is complete, and when each of DDP's buckets is ready
+    (its last gradient, by the recorded median)."""
+    result = json.loads(BACKWARD_READY.read_text())
+    measured = {n: f["median"] for n, f in result["ready_fraction"].items()}
+    names = [n for n, _ in _named_parameters(cfg)][::-1]  # backward's order
+    sizes = gradient_bytes(cfg)[::-1]
+    buckets, model_ready = ddp_schedule(cfg)
+    ready, filled, k, names_in = [], 0, 0, []
+    for name, size in zip(names, sizes):
+        filled, names_in = filled + size, names_in + [name]
+        if filled == sum(buckets[: k + 1]):
+            ready.append(max(measured[n] for n in names_in))
+            k, names_in = k + 1, []
+    return {
+        "first": (names[0], measured[names[0]], backward_done(cfg)[0]),
+        "last": max(measured, key=measured.get),
+        "buckets": buckets,
+        "measured": ready,
+        "model": model_ready,
+        "backward_ms": result["backward_ms"],
+        "machine": result["provenance"]["machine"],
+        "batch": result["workload"]["batch"],
+    }
 
 
-NVLINK = (GPU_LINKS["NVLink (one node)"].alpha, GPU_LINKS["NVLink (one node)"].busbw)
-NIC_400G = (GPU_LINKS["400 Gb/s network"].alpha, GPU_LINKS["400 Gb/s network"].busbw)
+def _named_parameters(cfg):
+    import torch
 
-
-def algorithms_figure(sizes=None):
-    """The model's all-reduce time against message size: one node of 8 GPUs, and 4 nodes
-    of 8."""
-    import matplotlib.pyplot as plt
-
-    sizes = sizes or [2.0**k for k in range(10, 33)]  # 1 KB ... 4 GB
-    panels = [
-        (
-            "one node, 8 GPUs on NVLink",
-            lambda s: allreduce_costs.algorithms_one_node(s, 8, NVLINK),
-        ),
-        (
-            "4 nodes x 8 GPUs, a 400 Gb/s NIC per GPU",
-            lambda s: allreduce_costs.algorithms_across_nodes(
-                s, 4, 8, NVLINK, NIC_400G
-            ),
-        ),
-    ]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, (title, costs) in zip(axes, panels):
-        table = [costs(s) for s in sizes]
-        for name in table[0]:
-            ax.plot(
-                [s / 2**20 for s in sizes],
-                [row[name] * 1e6 for row in table],
-                label=name,
-            )
-        ax.set(
-            xscale="log", yscale="log", xlabel="message size (MiB)", ylabel="time (µs)"
-        )
-        ax.set_title(f"model, not measured: {title}", fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    with torch.device("meta"):
+        return list(GPT(cfg).named_parameters())
 
 
 def crossover_bytes(costs, first: str, second: str, sizes=None) -> float | None:

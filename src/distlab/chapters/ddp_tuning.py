@@ -1,10 +1,11 @@
 """DDP's flags measured against its defaults, and the cases each one enables or breaks.
 
-The experiments of book/ddp_tuning.md (its first half; the batch and learning-rate runs
-are in ``distlab.tools.lr_scaling``). Everything here runs on every rank of a
-``run_ranks`` launch (``flag_costs``) or of an ``observe`` launch
-(``run_case``/``run_cases``, whose cases may fail on purpose and then return the error
-they caught).
+The experiments of book/ddp_tuning.md (the learning-rate rules and their runs are in
+``distlab.tools.lr_scaling``). The page launches 2 ranks once, through ``observe``
+(its cases fail on purpose and return the error they caught):
+
+    outcome = observe(two_rank_runs, pg_timeout=30)
+    outcome.results[0]["costs"], ["scaling"], ["cases"]
 
 Collectives are counted with ``CommDebugMode`` (``torch.distributed.tensor.debug``): it
 is a ``TorchDispatchMode`` and sees the c10d ops (``allreduce_``, ``broadcast_``) that
@@ -17,10 +18,11 @@ second step (where DDP allocates its rebuilt buckets).
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
+import inspect
+import os
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor.debug import CommDebugMode
@@ -32,6 +34,7 @@ from distlab.infra.observe import caught
 from distlab.memory import StepMemory
 from distlab.model import GPT, preset
 from distlab.runtime import rank_world
+from distlab.tools.lr_scaling import scaling_runs
 
 # the settings compared, each against DDP's defaults (find_unused_parameters=False,
 # static_graph=False, gradient_as_bucket_view=False)
@@ -41,7 +44,7 @@ FLAGS: dict[str, dict] = {
     "static_graph": {"static_graph": True},
     "gradient_as_bucket_view": {"gradient_as_bucket_view": True},
 }
-# the first steps, whose collectives are counted (and not timed: counting slows them)
+# the first steps, whose collectives are counted (the bucket rebuilds happen in them)
 COUNTED_STEPS = 3
 
 
@@ -51,12 +54,11 @@ def short_op(op) -> str:
 
 
 # --- begin flag-costs ---
-def flag_costs(steps: int = 10, batch: int = 4, set_to_none: bool = False) -> dict:
-    """On every rank: the tiny GPT under DDP(**flags) for each of FLAGS, ``steps`` AdamW
-    steps of ``batch`` x 64 tokens per rank, the settings taking turns step by step (so
-    a slow spell of the shared machine hits them all). For each: the collectives of each
-    of the first COUNTED_STEPS steps, the median seconds of the forward and of the whole
-    step over the others, and the peak bytes of tensors in step 2."""
+def flag_costs(steps: int = COUNTED_STEPS, batch: int = 1) -> dict:
+    """On every rank: the tiny GPT under DDP(**flags) for each of FLAGS, ``steps``
+    AdamW steps of ``batch`` x 64 tokens per rank, the settings taking turns step by
+    step. For each: the collectives of every step, the peak bytes of tensors in step 2,
+    and the final loss."""
     rank, world_size = rank_world()
     data = token_data()
     runs = {}
@@ -70,8 +72,6 @@ def flag_costs(steps: int = 10, batch: int = 4, set_to_none: bool = False) -> di
             # watches the second step it is told of
             "memory": StepMemory(model, optimizer),
             "collectives": [],
-            "forward_s": [],
-            "step_s": [],
         }
     block_size = next(iter(runs.values()))["model"].config.block_size
     for step in range(steps):
@@ -79,37 +79,32 @@ def flag_costs(steps: int = 10, batch: int = 4, set_to_none: bool = False) -> di
             "train", step, batch * world_size, block_size, 1337, rank, world_size
         )
         for run in runs.values():
-            counting = step < COUNTED_STEPS
             run["memory"].begin()
-            with CommDebugMode() if counting else contextlib.nullcontext() as comms:
-                start = time.perf_counter()
+            with CommDebugMode() as comms:
                 # find_unused_parameters walks the autograd graph at its end
                 loss = run["ddp"](x, y)[1]
-                forward_end = time.perf_counter()
                 loss.backward()
-                run["optimizer"].step()
-            run["optimizer"].zero_grad(set_to_none=set_to_none)
-            end = time.perf_counter()
+            run["optimizer"].step()
+            # kept: the next forward runs with last step's gradients alive
+            run["optimizer"].zero_grad(set_to_none=False)
             run["memory"].end()
-            if counting:
-                run["collectives"].append(
-                    {short_op(op): n for op, n in comms.get_comm_counts().items()}
-                )
-            else:
-                run["forward_s"].append(forward_end - start)
-                run["step_s"].append(end - start)
+            counts = comms.get_comm_counts().items()
+            run["collectives"].append({short_op(op): n for op, n in counts})
             run["loss"] = loss.item()
     return {
         name: {
             "collectives": run["collectives"],
-            "forward_ms": 1e3 * statistics.median(run["forward_s"]),
-            "step_ms": 1e3 * statistics.median(run["step_s"]),
-            "timed_steps": len(run["step_s"]),
             "peak_bytes": run["memory"].peak["total"],
             "grad_bytes": sum(
                 p.numel() * p.element_size() for p in run["model"].parameters()
             ),
             "loss": run["loss"],
+            # what the static_graph docstring says to read
+            "logged": {
+                k: v
+                for k, v in run["ddp"]._get_ddp_logging_data().items()
+                if "static_graph" in k
+            },
         }
         for name, run in runs.items()
     }
@@ -222,13 +217,52 @@ def twice_with_a_bucket_pending(report: str) -> str | None:
     return failed.error
 
 
+def static_graph_with_no_sync(report: str) -> str | None:
+    """Gradient accumulation under static_graph=True: the first micro-batch's backward
+    inside ``no_sync()``, the second synced. The error DDP raises, or None."""
+    model = TwoLayers()
+    ddp = DDP(model, static_graph=True)
+    rank = rank_world()[0]
+    with caught(report) as failed:
+        for micro in range(2):
+            x, y = case_batch(micro, rank)
+            sync = contextlib.nullcontext() if micro else ddp.no_sync()
+            with sync:
+                F.mse_loss(ddp(x), y).backward()
+    return failed.error
+
+
+def unused_with_names(report: str) -> str | None:
+    """``b`` unused under the defaults, with TORCH_DISTRIBUTED_DEBUG=DETAIL: the error
+    of the second forward, which then names the parameters."""
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    dist.set_debug_level_from_env()  # DDP reads the level when it is built
+    try:
+        model = TwoLayers()
+        ddp = DDP(model)
+        rank = rank_world()[0]
+        with caught(report) as failed:
+            for step in range(2):
+                x, y = case_batch(step, rank)
+                F.mse_loss(ddp(x, use_b=False), y).backward()
+    finally:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "OFF"
+        dist.set_debug_level_from_env()
+    return failed.error
+
+
 def run_cases(report: str, names: list[str] | None = None) -> dict:
     """On every rank: ``run_case`` for each of CASES (or those named), one after the
-    other in one launch, then ``twice_with_a_bucket_pending`` (under the key
-    ``"pending"``). A failed case leaves no collective behind (the Reducer raises before
-    issuing one, the same on every rank), so the next case's DDP starts clean."""
+    other in one launch, then the three single demos (keys ``"pending"``,
+    ``"unused named"``, ``"no_sync"``). A failed case leaves no collective behind (the
+    Reducer raises before issuing one, the same on every rank), so the next case's DDP
+    starts clean."""
     results = {name: run_case(report, *CASES[name]) for name in names or CASES}
-    return results | {"pending": twice_with_a_bucket_pending(report)}
+    return results | {
+        "pending": twice_with_a_bucket_pending(report),
+        "unused named": unused_with_names(report),
+        "no_sync": static_graph_with_no_sync(report),
+    }
 
 
 # --- end cases ---
@@ -252,6 +286,79 @@ def case_reference(
         (loss / world_size).backward()
         grads.append(flat_grads(model))
     return grads
+
+
+def two_rank_runs(report: str) -> dict:
+    """Everything the page runs on 2 ranks, in one launch: the flag costs, the
+    learning-rate runs at 2 ranks, then the cases (last: some fail on purpose)."""
+    return {
+        "costs": flag_costs(),
+        "scaling": scaling_runs(),
+        "cases": run_cases(report),
+    }
+
+
+def _two_lines(name: str) -> str:
+    """A long flag name broken at the underscore nearest its middle."""
+    if len(name) < 14:
+        return name
+    cuts = [i for i, c in enumerate(name) if c == "_"]
+    cut = min(cuts, key=lambda i: abs(i - len(name) / 2))
+    return name[: cut + 1] + "\n" + name[cut + 1 :]
+
+
+def collectives_figure(costs: dict):
+    """The collectives counted in each of the first steps, per setting: a grid, one row
+    per setting, one column per step."""
+    import matplotlib.pyplot as plt
+
+    names = list(costs)
+    steps = len(costs[names[0]]["collectives"])
+    fig, ax = plt.subplots(figsize=(6.4, 0.6 + 0.8 * len(names)))
+    for i, name in enumerate(names):
+        for j, counted in enumerate(costs[name]["collectives"]):
+            total = sum(counted.values())
+            ax.add_patch(
+                plt.Rectangle((j, i), 0.96, 0.9, color=plt.cm.Blues(0.15 + 0.2 * total))
+            )
+            text = "\n".join(
+                f"{n} {op.replace('allreduce', 'all-reduce')}{'s' * (n > 1)}"
+                for op, n in sorted(counted.items(), reverse=True)
+            )
+            ax.text(j + 0.48, i + 0.45, text, ha="center", va="center", fontsize=11)
+    ax.set_xlim(0, steps)
+    ax.set_ylim(len(names), 0)
+    ax.set_xticks(
+        [j + 0.48 for j in range(steps)], [f"step {j + 1}" for j in range(steps)]
+    )
+    ax.set_yticks([i + 0.45 for i in range(len(names))], map(_two_lines, names))
+    ax.tick_params(length=0, labelsize=11)
+    ax.xaxis.tick_top()
+    for side in ax.spines.values():
+        side.set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+# name -> what it does, in one line (defaults are read from the installed signature)
+FLAG_NOTES = {
+    "find_unused_parameters": "walks the graph after each forward",
+    "static_graph": "records step 1's graph, then trusts it",
+    "gradient_as_bucket_view": ".grad are views into the buckets",
+    "bucket_cap_mb": "bucket size, MiB (None: 25)",
+    "bucket_cap_mb_list": "one cap per bucket, from step 1",
+    "batched_grad_copy": "one _foreach_copy_ per bucket",
+    "skip_all_reduce_unused_params": "skips params unused on all ranks, always",
+    "init_sync": "checks shapes, broadcasts rank 0's state",
+    "forward_sync_buffers": "syncs buffers each forward (None: True)",
+    "broadcast_buffers": "deprecated in 2.13 for the above",
+}
+
+
+def flag_table() -> list[tuple[str, object, str]]:
+    """(flag, its default in the installed DDP, what it does) for FLAG_NOTES."""
+    signature = inspect.signature(DDP.__init__).parameters
+    return [(name, signature[name].default, note) for name, note in FLAG_NOTES.items()]
 
 
 def first_line(error: str | None) -> str:

@@ -4,87 +4,34 @@ their randomness.
 Used by the chapter "Feeding the ranks" and checked by its tests:
 
 * ``DistributedSampler`` as it really behaves: ``sampler_epochs`` runs PyTorch's own
-  sampler for every rank (``num_replicas`` and ``rank`` passed, no process group), and
-  ``expected_shards`` is the same rule written out by hand, to hold the two against
-  each other.
+  sampler for every rank (``num_replicas`` and ``rank`` passed, no process group); the
+  rule written out by hand is in ``distlab.scratch.sampler``.
 * Two strategies for the book's token data, measured on real ranks: every rank cuts its
   own rows of the global batch (``own_shard``, as the labs do), or rank 0 scatters them.
 * Seeds per rank (``seeds_on_ranks``), DataLoader workers' seeds (``SeedProbe``) and an
-  ``IterableDataset`` read by rank x worker (``samples_read``), run inside the ranks.
+  ``IterableDataset`` read by rank x worker (``samples_read``), run inside the ranks by
+  one launch (``feeding_experiments``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import random
-import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 from torch.utils.data.distributed import DistributedSampler
 
 from distlab.data import TokenData, token_data
 from distlab.runtime import dist_env, pick_device, rank_world, synchronize
+from distlab.tools.sharding import ShardedIterable
 
 
 # --------------------------------------------------------------- DistributedSampler
-@dataclass(frozen=True)
-class SamplerLayout:
-    per_rank: int  # indices each rank yields per epoch: len(sampler)
-    # per_rank * world_size: indices handed out per epoch, all ranks together
-    total: int
-    padded: int  # indices repeated to reach total (drop_last=False)
-    dropped: int  # indices left out of the epoch (drop_last=True)
-
-
-def expected_layout(n: int, world_size: int, drop_last: bool) -> SamplerLayout:
-    """The sizes DistributedSampler settles on, from the rule alone."""
-    if drop_last:
-        per_rank = n // world_size  # round down: the tail of the order is cut off
-    else:
-        per_rank = -(-n // world_size)  # round up: the order is padded from its start
-    total = per_rank * world_size
-    return SamplerLayout(
-        per_rank, total, padded=max(0, total - n), dropped=max(0, n - total)
-    )
-
-
-def epoch_order(n: int, epoch: int, shuffle: bool = True, seed: int = 0) -> list[int]:
-    """The order all ranks agree on before sharding: a permutation seeded by seed
-    + epoch."""
-    if not shuffle:
-        return list(range(n))
-    return torch.randperm(
-        n, generator=torch.Generator().manual_seed(seed + epoch)
-    ).tolist()
-
-
-def expected_shards(
-    order: list[int], world_size: int, drop_last: bool
-) -> list[list[int]]:
-    """DistributedSampler's rule written out: pad or cut ``order``, then deal it out.
-
-    Without drop_last the order is padded by repeating it from its start (cycling when
-    more than len(order) are missing); with drop_last its tail is cut. Rank r then takes
-    positions r, r + N, r + 2N, ...: a strided deal, not a contiguous block.
-    """
-    layout = expected_layout(len(order), world_size, drop_last)
-    full = list(order)
-    while len(full) < layout.total:
-        full += order[: layout.total - len(full)]
-    full = full[: layout.total]
-    return [full[r::world_size] for r in range(world_size)]
-
-
 def sampler_epochs(
     n: int,
     world_size: int,
@@ -240,41 +187,6 @@ def time_strategies(
     return result
 
 
-# --------------------------------------------------------------- mp.spawn, watched
-def try_spawn(fn, args: tuple = (), nprocs: int = 2, timeout: float = 60.0) -> str:
-    """``mp.spawn(fn, args, nprocs)`` with a deadline; ``"ok"`` or the error, in
-    one line.
-
-    The children's tracebacks (they write to the inherited stderr) are captured, and the
-    last line of them is returned with the parent's exception.
-    """
-    with tempfile.TemporaryFile() as err, contextlib.redirect_stderr(io.StringIO()):
-        saved = os.dup(2)
-        # the children inherit fd 2: their tracebacks land in err
-        os.dup2(err.fileno(), 2)
-        try:
-            ctx = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
-            deadline = time.monotonic() + timeout
-            while not ctx.join(timeout=1):
-                if time.monotonic() > deadline:
-                    for p in ctx.processes:
-                        p.kill()
-                    return f"timed out after {timeout:.0f} s; the children were killed"
-            return "ok"
-        except Exception as exc:  # noqa: BLE001 -- reported, not handled
-            err.seek(0)
-            lines = [
-                ln
-                for ln in err.read().decode(errors="replace").splitlines()
-                if ln.strip()
-            ]
-            child = f"; a child said: {lines[-1].strip()}" if lines else ""
-            return f"{type(exc).__name__}: {str(exc).splitlines()[0]}{child}"
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
 # ------------------------------------------------------------- seeds, workers, sharding
 def _gather(t: torch.Tensor) -> torch.Tensor:
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
@@ -385,11 +297,86 @@ def worker_draws(seed: int = 0, items: int = 8, workers: int = 2) -> dict:
 
 
 def samples_read(
-    datasets: dict[str, IterableDataset], workers: int = 2
+    datasets: dict[str, IterableDataset], workers: int = 2, context: str | None = None
 ) -> dict[str, list[int]]:
-    """On every rank: the items its DataLoader, with ``workers`` workers, yields from
-    each dataset."""
+    """On every rank: the items its DataLoader, with ``workers`` workers started by
+    ``context`` (None: the platform's default, fork on Linux), yields from each
+    dataset."""
     return {
-        name: [int(i) for i in DataLoader(d, batch_size=None, num_workers=workers)]
+        name: [
+            int(i)
+            for i in DataLoader(
+                d, batch_size=None, num_workers=workers, multiprocessing_context=context
+            )
+        ]
         for name, d in datasets.items()
     }
+
+
+class EveryItem(IterableDataset):
+    """The naive stream: every copy yields all items (``by_rank``: its rank's every
+    N-th), whichever worker it runs in."""
+
+    def __init__(self, items: list, by_rank: bool = False):
+        self.items, self.by_rank = items, by_rank
+        self.rank, self.world_size = rank_world()
+
+    def __iter__(self):
+        if self.by_rank:
+            yield from self.items[self.rank :: self.world_size]
+        else:
+            yield from self.items
+
+
+# the global batches timed, and the batches timed at each (after 2 of warm-up)
+GLOBAL_BATCHES, BATCHES = (8, 16, 64, 256, 1024), 12
+
+
+def feeding_experiments(n_items: int = 64) -> dict:
+    """Everything the chapter runs on its 2 ranks, in one launch: seeds, DataLoader
+    workers' draws, three ways to read a stream (read with forked workers, and the
+    sharded one again with forkserver workers), and the two loading strategies, checked
+    and timed."""
+    items = list(range(n_items))
+    splits = {
+        "naive": EveryItem(items),
+        "by rank": EveryItem(items, by_rank=True),
+        "by rank x worker": ShardedIterable(items),
+    }
+    return {
+        "seeds": seeds_on_ranks(trials=100),
+        "draws": worker_draws(),
+        "reads": samples_read(splits, workers=2),
+        "forkserver": samples_read(
+            {"by rank x worker": ShardedIterable(items)}, 2, "forkserver"
+        ),
+        "rows": both_strategies(steps=3, global_batch=16, block_size=256),
+        "times": time_strategies(GLOBAL_BATCHES, 256, batches=BATCHES, warmup=2),
+    }
+
+
+def timing_figure(median_ms: dict):
+    """ms per batch (median) of each strategy on each rank, against the global batch;
+    ``median_ms[(strategy, rank, B)]``."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for s, color in (("own_shard", "#3b6ea5"), ("scatter", "#e39b4c")):
+        for r, style in ((0, "-o"), (1, "--s")):
+            ax.plot(
+                GLOBAL_BATCHES,
+                [median_ms[(s, r, B)] for B in GLOBAL_BATCHES],
+                style,
+                color=color,
+                label=f"{s.replace('_', ' ')}, rank {r}",
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(GLOBAL_BATCHES, [str(B) for B in GLOBAL_BATCHES])
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("global batch (windows of 256 tokens)", fontsize=12)
+    ax.set_ylabel(f"ms per batch (median of {BATCHES})", fontsize=12)
+    ax.legend(frameon=False, fontsize=11)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    return fig

@@ -33,7 +33,7 @@ from distlab.data import token_data
 from distlab.errors import UserError
 from distlab.infra import experiment
 from distlab.infra.experiment import build, gpt
-from distlab.memory import tracker_snapshot
+from distlab.memory import memory_tracker, tracker_snapshot
 from distlab.model import GPT
 from distlab.parallel import apply_fsdp, check_same_weights
 from distlab.runtime import dist_env, pick_device, rank_world
@@ -74,7 +74,7 @@ def train(
 
     def track_the_last_step(exp, step):
         if track_peak and step == steps - 1:
-            return _peak_bytes(exp.model, exp.optimizer, strategy, peak)
+            return _peak_bytes(exp.model, exp.optimizer, peak)
         return contextlib.nullcontext()
 
     result = experiment.train(
@@ -90,20 +90,10 @@ def train(
 
 
 @contextlib.contextmanager
-def _peak_bytes(model, optimizer, strategy: str, into: dict):
+def _peak_bytes(model, optimizer, into: dict):
     """Peak bytes by kind during the block, from PyTorch's (private, CPU-capable)
-    memory trackers."""
-    if strategy.startswith("fsdp2") or strategy == "hsdp":
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker as Tracker
-    else:
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        def Tracker(model, optimizer):  # noqa: N802 - same call shape as FSDPMemTracker
-            tracker = MemTracker()
-            tracker.track_external(model, optimizer)
-            return tracker
-
-    tracker = Tracker(model, optimizer)
+    memory trackers (``FSDPMemTracker`` for an FSDP2 model: ``memory_tracker``)."""
+    tracker = memory_tracker(model, optimizer)
     with tracker:
         yield
     # not the CPU's, on a GPU
@@ -136,6 +126,16 @@ def step_trace(
     ]
 
 
+def _batch(model: GPT, rows_per_rank: int, device: torch.device, step: int = 0):
+    """This rank's ``rows_per_rank`` rows of the global batch of ``step`` (seed 0),
+    on ``device``."""
+    rank, world_size = rank_world()
+    T = model.config.block_size
+    return token_data().batch(
+        "train", step, rows_per_rank * world_size, T, 0, rank, world_size, device
+    )
+
+
 # c10d's names
 COLLECTIVES = {
     "all-gathers": "_allgather_base_",
@@ -156,15 +156,12 @@ def resharding(
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.debug import CommDebugMode
 
-    rank, world_size = rank_world()
     device = pick_device("auto", dist_env()[1])
     model = gpt(preset_name).to(device)
     for block in model.blocks:
         fully_shard(block, reshard_after_forward=blocks)
     fully_shard(model, **({} if root is None else {"reshard_after_forward": root}))
-    x, y = token_data().batch(
-        "train", 0, 2 * world_size, model.config.block_size, 0, rank, world_size, device
-    )
+    x, y = _batch(model, 2, device)
     # warm-up: FSDP2 decides which unit is the root on the first forward
     model(x, y)[1].backward()
     with warnings.catch_warnings():
@@ -211,16 +208,8 @@ def mixed_precision_dtypes(preset_name: str = "tiny") -> dict[str, str]:
     qkv.register_forward_pre_hook(
         _note(seen, "parameter inside forward", lambda m, inputs: m.weight.dtype)
     )
-    x, y = exp.data.batch(
-        "train",
-        0,
-        exp.global_batch,
-        exp.model.config.block_size,
-        0,
-        exp.rank,
-        exp.world_size,
-    )
-    logits, loss = exp.model(x.to(exp.device), y.to(exp.device))
+    x, y = _batch(exp.model, exp.global_batch // exp.world_size, exp.device)
+    logits, loss = exp.model(x, y)
     loss.backward()
     exp.optimizer.step()
     p = qkv.weight
@@ -287,7 +276,6 @@ def policy_variants(preset_name: str = "tiny") -> list[dict]:
     stops with."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    rank, world_size = rank_world()
     device = pick_device("auto", dist_env()[1])
     rows = []
     for label, for_blocks, for_root in POLICY_VARIANTS:
@@ -312,16 +300,7 @@ def policy_variants(preset_name: str = "tiny") -> list[dict]:
         model.blocks[1].ln1.register_forward_pre_hook(
             _note(row, "block 1 computes on", lambda m, inputs: inputs[0].dtype)
         )
-        x, y = token_data().batch(
-            "train",
-            0,
-            2 * world_size,
-            model.config.block_size,
-            0,
-            rank,
-            world_size,
-            device,
-        )
+        x, y = _batch(model, 2, device)
         try:
             logits, loss = model(x, y)
             row.update({"logits": logits.dtype, "loss": loss.dtype})
@@ -401,16 +380,7 @@ def different_seeds(preset_name: str = "tiny", steps: int = 3) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
     for step in range(steps):
-        x, y = token_data().batch(
-            "train",
-            step,
-            8 * world_size,
-            model.config.block_size,
-            0,
-            rank,
-            world_size,
-            device,
-        )
+        x, y = _batch(model, 8, device, step)
         loss = model(x, y)[1]
         loss.backward()
         optimizer.step()

@@ -1,15 +1,17 @@
 """The single-device baseline chapter's experiments: parameters counted two ways, model
 state and activations measured against their formulas, the attention kernel PyTorch
-picked, fused against the default AdamW, FLOPs counted by PyTorch against ours, this
-machine's matmul peaks and instruction sets, and lab 1's tokens/s and MFU as the book's
-benchmark recorded them.
+picked, what autocast does to the residual stream, the operators one AdamW step
+dispatches (default against fused), FLOPs counted by PyTorch against ours and where they
+go, and lab 1's tokens/s and MFU as the book's benchmark recorded them.
 
     parameter_table()  # formula == PyTorch's count, per preset
     model_state_after_one_step(preset("tiny"))
     activation_table(batch=16)  # saved-for-backward bytes: formula, fp32, bf16
     attention_kernel(preset("tiny"), torch.float32)  # the SDPA kernel autograd recorded
-    adamw_step_seconds(preset("tiny"))  # one optimizer step: the default and fused
+    autocast_dtypes()  # dtypes of a residual add and of LayerNorm under CPU autocast
+    adamw_operator_counts(preset("tiny"))  # operators of one step: default and fused
     counted_flops_per_token(preset("tiny"), math_attention=True)
+    flop_breakdown(preset("shakespeare"))  # training FLOPs per token, by part
     recorded_lab1()  # lab 1's recorded run per dtype, with its provenance
 
 Everything runs in one process. Lab 1's runs at batch 16 take minutes of CPU, too long
@@ -19,14 +21,15 @@ page reads them.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
-import statistics
-import time
+from unittest import mock
 
 import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from distlab.flops import measured_peak_flops
 from distlab.infra.paths import RESULTS_DIR
 from distlab.memory import (
     activation_bytes_formula,
@@ -63,7 +66,8 @@ def parameter_table() -> list[dict]:
     rows = []
     for name in PRESETS:
         cfg = preset(name)
-        with torch.device("meta"):
+        # counting needs no initial values: skip drawing gpt2's 86M of them
+        with torch.device("meta"), mock.patch.object(GPT, "init_weights"):
             model = GPT(cfg)
         rows.append(
             {
@@ -125,29 +129,62 @@ def activation_table(
     return rows
 
 
-def memory_figure(state: dict[str, int], activations: int, batch: int, title: str):
-    """One horizontal bar: parameters, gradients, AdamW state and activations, in MB."""
+# the parts of a training step's FLOPs, in the order flop_breakdown returns them
+FLOP_PARTS = ("MLP", "qkv", "out proj", "attention", "head")
+_COLOURS = ["#3b6ea5", "#6c9bd2", "#a9c6ea", "#e39b4c", "#999999"]
+
+
+def step_cost_figure(
+    state: dict[str, int], activations: int, batch: int, flops: dict[str, float]
+):
+    """One training step, two bars: the bytes it holds (parameters, gradients, AdamW
+    state, activations saved for backward) and its FLOPs per token by part."""
     import matplotlib.pyplot as plt
 
-    parts = {
-        "parameters": state["params"],
-        "gradients": state["grads"],
-        "AdamW state": state["optimizer"],
-        f"activations (batch {batch})": activations,
+    memory = {
+        "weights": state["params"],
+        "grads": state["grads"],
+        "AdamW": state["optimizer"],
+        "activations": activations,
     }
-    fig, ax = plt.subplots(figsize=(7, 2.6))
-    left = 0.0
-    for (label, value), color in zip(
-        parts.items(), ["#3b6ea5", "#6c9bd2", "#a9c6ea", "#e39b4c"]
+    fig, (ax_m, ax_f) = plt.subplots(2, 1, figsize=(5.2, 4.8))
+    for ax, parts, title, unit, colours in (
+        # the model state in blues, the activations in orange
+        (
+            ax_m,
+            memory,
+            f"bytes held, batch {batch}",
+            "MB",
+            [*_COLOURS[:3], _COLOURS[3]],
+        ),
+        # the weight matmuls in blues, attention's own in orange
+        (ax_f, flops, "FLOPs per token", "MFLOP", _COLOURS),
     ):
-        ax.barh(
-            0, value / MB, left=left, color=color, label=f"{label}: {value / MB:.0f} MB"
+        left = 0.0
+        for (label, value), colour in zip(parts.items(), colours):
+            ax.barh(
+                0,
+                value / 1e6,
+                left=left,
+                color=colour,
+                height=0.6,
+                label=f"{label} {value / 1e6:,.{0 if value >= 1e7 else 1}f}",
+            )
+            left += value / 1e6
+        ax.set_xlim(0, left)
+        ax.set_yticks([])
+        ax.set_title(f"{title}: {left:,.0f} {unit}", fontsize=13, loc="left")
+        ax.legend(
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.2),
+            ncol=2,
+            frameon=False,
+            fontsize=12,
+            handlelength=1,
+            columnspacing=1,
         )
-        left += value / MB
-    ax.set_yticks([])
-    ax.set_xlabel("MB")
-    ax.set_title(title)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, frameon=False)
+        for side in ("top", "right", "left"):
+            ax.spines[side].set_visible(False)
     fig.tight_layout()
     return fig
 
@@ -164,47 +201,79 @@ def attention_kernel(cfg: GPTConfig, dtype: torch.dtype, batch: int = 2) -> str:
     return type(out.grad_fn).__name__
 
 
-def adamw_step_seconds(cfg: GPTConfig, repeats: int = 5) -> dict[str, float]:
-    """Median seconds of one AdamW step over the model's parameters, with PyTorch's
-    default implementation (on a CPU a loop over the tensors:
+class _OperatorCounter(TorchDispatchMode):
+    """Counts every ATen operator dispatched inside it, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not name.startswith("_record_function"):  # profiler marks, not work
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def adamw_operator_counts(cfg: GPTConfig) -> dict[str, collections.Counter]:
+    """The ATen operators one AdamW step dispatches over the model's parameters, with
+    PyTorch's default implementation (on a CPU a loop over the tensors:
     ``torch/utils/_foreach_utils.py`` lists no CPU among the foreach devices) and with
-    ``fused=True``, timed in turns (A B A B ...) so that load hits both alike."""
+    ``fused=True``. Counted, not timed: the same on every machine."""
     model = GPT(cfg)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
-    optimizers = {
-        "default": torch.optim.AdamW(model.parameters(), lr=1e-3),
-        "fused": torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True),
-    }
-    for opt in optimizers.values():
-        opt.step()  # the first step allocates the moments
-    times: dict[str, list[float]] = {kind: [] for kind in optimizers}
-    for _ in range(repeats):
-        for kind, opt in optimizers.items():
-            start = time.perf_counter()
-            opt.step()
-            times[kind].append(time.perf_counter() - start)
-    return {kind: statistics.median(t) for kind, t in times.items()}
+    counts = {}
+    for kind, fused in (("default", None), ("fused", True)):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
+        optimizer.step()  # the first step allocates the moments
+        with _OperatorCounter() as counter:
+            optimizer.step()
+        counts[kind] = counter.counts
+    return counts
+
+
+def autocast_dtypes() -> dict[str, torch.dtype]:
+    """Under CPU bf16 autocast: a Linear's output, the residual add of an fp32 stream
+    and that output, LayerNorm of the fp32 sum, and LayerNorm of a bf16 tensor."""
+    x, linear = torch.randn(2, 4, 8), torch.nn.Linear(8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        branch = linear(x)
+        residual = x + branch
+        return {
+            "linear": branch.dtype,
+            "residual": residual.dtype,
+            "layer_norm(residual)": F.layer_norm(residual, (8,)).dtype,
+            "layer_norm(bf16)": F.layer_norm(residual.bfloat16(), (8,)).dtype,
+        }
 
 
 # what each instruction-set flag of /proc/cpuinfo (distlab.flops.ISA_FLAGS) means for
 # a matmul
 ISA_MEANING = {
     "avx2": "256-bit vectors",
-    "fma": "fused multiply-add: a multiply and an add in one instruction",
-    "avx512f": "512-bit vectors: twice AVX2's fp32 multiply-adds per instruction",
+    "fma": "a multiply and an add in one instruction",
+    "avx512f": "512-bit vectors: twice AVX2's multiply-adds",
     "avx512_vnni": "int8/int16 dot products (quantised inference)",
-    "avx512_bf16": (
-        "bf16 dot products accumulated in fp32: twice the fp32 multiply-adds per "
-        "instruction"
-    ),
+    "avx512_bf16": "bf16 dot products into fp32: twice fp32's multiply-adds",
     "avx512_fp16": "fp16 arithmetic on 512-bit vectors",
-    "amx_tile": "AMX tile registers (Intel Sapphire Rapids and later)",
-    "amx_bf16": "AMX bf16 tile matrix multiply: far beyond the vector units",
+    "amx_tile": "AMX tile registers (Intel Sapphire Rapids on)",
+    "amx_bf16": "AMX bf16 tile multiplies: far beyond the vectors",
 }
 
 
-def counted_flops_per_token(cfg: GPTConfig, math_attention: bool) -> float:
+def _model_and_tokens(cfg: GPTConfig, device: str) -> tuple[GPT, torch.Tensor]:
+    """The model and a (2, T) batch of token ids, on ``device``. On "meta" tensors have
+    shapes and no data: FlopCounterMode counts from shapes, so the gpt2 preset costs
+    nothing to count there, and its initial values are not drawn."""
+    init = mock.patch.object(GPT, "init_weights") if device == "meta" else None
+    with torch.device(device), init or contextlib.nullcontext():
+        return GPT(cfg), torch.randint(0, cfg.vocab_size, (2, cfg.block_size))
+
+
+def counted_flops_per_token(
+    cfg: GPTConfig, math_attention: bool, device: str = "cpu"
+) -> float:
     """FLOPs of one training step (forward and backward) per token, as PyTorch's
     ``FlopCounterMode`` counts them. It has no formula for the fused CPU attention
     kernel, so attention is counted only when it runs on the math backend (plain
@@ -212,8 +281,7 @@ def counted_flops_per_token(cfg: GPTConfig, math_attention: bool) -> float:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    model = GPT(cfg)
-    x = torch.randint(0, cfg.vocab_size, (2, cfg.block_size))
+    model, x = _model_and_tokens(cfg, device)
     attention = (
         sdpa_kernel(SDPBackend.MATH) if math_attention else contextlib.nullcontext()
     )
@@ -223,11 +291,43 @@ def counted_flops_per_token(cfg: GPTConfig, math_attention: bool) -> float:
     return counter.get_total_flops() / x.numel()
 
 
-def measure_peaks(
-    device: torch.device, dtypes: tuple[str, ...] = ("fp32", "bf16")
-) -> dict[str, float]:
-    """This machine's matmul peak FLOP/s per dtype, timed now in this process."""
-    return {dtype: measured_peak_flops(device, DTYPES[dtype]) for dtype in dtypes}
+def flop_breakdown(cfg: GPTConfig) -> dict[str, float]:
+    """Training FLOPs per token by part (``FLOP_PARTS``), counted by ``FlopCounterMode``
+    on the meta device with attention on the math backend.
+
+    The counter attributes a forward pass's operators to the modules that ran them; in
+    backward its attribution is loose, so each part is its forward count times 3 (the
+    backward of a matmul is two matmuls of the same size). The page checks that the sum
+    equals the counted training step."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, x = _model_and_tokens(cfg, "meta")
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(x)
+    by_module = {
+        name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()
+    }
+
+    def blocks(suffix: str) -> int:
+        return sum(
+            n
+            for name, n in by_module.items()
+            if name.endswith(suffix) and ".blocks." in name
+        )
+
+    qkv, proj = blocks(".attn.qkv"), blocks(".attn.proj")
+    parts = {
+        "MLP": blocks(".mlp.fc") + blocks(".mlp.proj"),
+        "qkv": qkv,
+        "out proj": proj,
+        # attention's own matmuls: Q K^T and A V, what the block's attention ran
+        # besides its two projections
+        "attention": blocks(".attn") - qkv - proj,
+        "head": by_module.get("GPT.lm_head", 0),
+    }
+    assert sum(parts.values()) == counter.get_total_flops(), parts
+    return {part: 3 * n / x.numel() for part, n in parts.items()}
 
 
 def recorded_lab1(dtypes: tuple[str, ...] = ("fp32", "bf16")) -> dict[str, dict]:
@@ -280,7 +380,9 @@ def mfu_figure(results: dict[str, dict], title: str):
             label,
             va="center",
         )
-    ax.set_xlim(0, 1.3)
+    ax.set_xlim(0, 1.6)  # room for the labels
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
     ax.set_xlabel("MFU: fraction of the measured matmul peak")
     ax.set_title(title)
     fig.tight_layout()

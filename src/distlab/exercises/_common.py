@@ -3,6 +3,7 @@ one line."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 
 import torch
@@ -11,9 +12,9 @@ from distlab.infra.launch import LaunchTimeout, RankFailed, run_ranks
 
 
 def passed(message: str) -> None:
-    """The one line a checker prints when the reader's code does what the
-    exercise asks."""
-    print(f"passed: {message}")
+    """What a checker prints when the reader's code does what the exercise asks,
+    wrapped to the book's 88-column reading width."""
+    print(textwrap.fill(f"passed: {message}", width=88, subsequent_indent="  "))
 
 
 def on_ranks(

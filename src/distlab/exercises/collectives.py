@@ -83,9 +83,9 @@ def check_all_reduce(
                     f"{r['case']}; expected the sum over ranks "
                     f"{preview(r['expected'])}, max abs diff {diff:g}"
                 )
+    ranks = " and ".join(map(str, world_sizes))
+    # two lines within the page's 88 columns
     passed(
-        "your all_reduce equals dist.all_reduce exactly (integer-valued "
-        "float32, so no rounding) "
-        f"on {' and '.join(map(str, world_sizes))} ranks, for 1-D and 2-D "
-        "tensors, in place"
+        f"your all_reduce equals dist.all_reduce on {ranks} ranks,\n  in place, "
+        "for 1-D and 2-D float32 tensors of integers (so no rounding)"
     )

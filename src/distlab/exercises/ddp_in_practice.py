@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from torch.utils.data import TensorDataset
 
-from distlab.chapters.ddp_in_practice import eval_data, one_process_mean
 from distlab.exercises._common import on_ranks, passed, require_callable
+from distlab.tools.exact_eval import eval_data, one_process_mean
 
 # (ranks, samples): padding on 2 ranks; and 3 ranks with 2 samples, where rank 2 holds
 # nothing but padding
@@ -57,4 +57,4 @@ def check_exact_evaluation(evaluate: Callable) -> None:
                 f"one process's mean is {want:.6g}{hint}"
             )
     cases = " and ".join(f"{n} samples on {nprocs} ranks" for nprocs, n in CASES)
-    passed(f"your evaluate returned one process's mean loss on every rank, for {cases}")
+    passed(f"one process's mean on every rank ({cases})")

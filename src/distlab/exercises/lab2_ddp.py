@@ -1,4 +1,9 @@
-"""Lab 2, exercise 3: load a state dict saved from the DDP wrapper into a plain GPT."""
+"""Lab 2's exercise 3 (load a state dict saved from the DDP wrapper into a plain GPT),
+and the rows each rank takes, which the page draws.
+
+    rank_of_rows(8, (1, 2))  # {1: [0, 0, ...], 2: [0, 0, 0, 0, 1, 1, 1, 1]}
+    check_loads_ddp_state(load)  # exercise 3's checker
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,29 @@ import torch
 
 from distlab.exercises._common import on_ranks, passed, rank_device, require_callable
 from distlab.infra.experiment import gpt
+
+
+def rank_of_rows(
+    global_batch: int = 8, world_sizes=(1, 2), step: int = 0, seed: int = 1337
+) -> dict[int, list[int]]:
+    """For each world size N, the rank that ``TokenData.batch`` gives each row of
+    ``step``'s global batch: found by matching every rank's rows against the whole
+    batch, so the answer is the data code's, not a formula's."""
+    from distlab.data import token_data
+    from distlab.model import preset
+
+    data, T = token_data(), preset("tiny").block_size
+    x, _ = data.global_windows("train", step, global_batch, T, seed)  # (B, T)
+    owners = {}
+    for world_size in world_sizes:
+        owner = [-1] * global_batch
+        for rank in range(world_size):
+            mine, _ = data.batch("train", step, global_batch, T, seed, rank, world_size)
+            for row in range(global_batch):
+                if (mine == x[row]).all(dim=1).any():  # row is one of this rank's
+                    owner[row] = rank
+        owners[world_size] = owner
+    return owners
 
 
 def _cpu_copy(state: dict) -> dict:
@@ -64,8 +92,7 @@ def check_loads_ddp_state(load: Callable) -> None:
                 f"abs diff {diff:.3g}): "
                 "was it skipped (strict=False loads nothing whose key does not match)?"
             )
-    passed(
-        f"all {len(saved['inner'])} tensors of a state dict saved from a DDP "
-        f"wrapper ({first_key!r}, ...) "
-        "are in the plain GPT, exactly"
+    passed(  # one line within the book's 88 columns
+        f"all {len(saved['inner'])} tensors saved from the DDP wrapper are in the "
+        "plain GPT, exactly"
     )

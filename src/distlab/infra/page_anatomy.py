@@ -8,6 +8,7 @@ and on the page's source:
 
     python -m distlab.infra.page_anatomy _build/html  # the pages that follow it
     python -m distlab.infra.page_anatomy _build/html collectives  # any one page
+    python -m distlab.infra.page_anatomy PAGE.html collectives  # a page built alone
 
 prints each page's findings (nothing when it follows the anatomy) and exits 1 on any.
 `tests/book/test_page_anatomy.py` runs the same checks on every build of `make test`.
@@ -28,6 +29,7 @@ ANATOMY_PAGES = (
     "intro",
     "single_device",
     "collectives",
+    "launching",
     "data_parallel",
     "ddp_internals",
     "ddp_overlap",
@@ -41,7 +43,7 @@ ANATOMY_PAGES = (
 )
 
 COLUMNS = 88  # the widest code line a page may show (the reading column holds ~85)
-SCREEN_LINES = 45  # rendered lines of text on one desktop screen
+SCREEN_LINES = 28  # lines of text on one desktop screen (1280x900), headings included
 FIGURE_WITHIN_LINES = (
     2 * SCREEN_LINES
 )  # the first figure starts in the first two screens
@@ -84,8 +86,10 @@ def wide_code_lines(html: str, columns: int = COLUMNS) -> list[str]:
     """Lines of code and printed output wider than ``columns``, folded or not."""
     wide = []
     for pre in _article(html).find_all("pre"):
+        # a diff's first column is its marker (+, - or a space), not the code's
+        is_diff = any("highlight-diff" in (p.get("class") or []) for p in pre.parents)
         for line in pre.get_text().splitlines():
-            if len(line.rstrip()) > columns:
+            if len(line.rstrip()) > columns + is_diff:
                 wide.append(line.rstrip())
     return wide
 
@@ -213,12 +217,23 @@ def check_build(html_dir: Path, pages=ANATOMY_PAGES) -> list[Findings]:
 
 
 def main(argv: list[str]) -> int:
+    """``HTML_DIR [PAGE...]``, or ``PAGE_FILE.html PAGE``: one page built alone
+    (``jupyter-book build book/<page>.md``) is checked as the page it names."""
     if not argv:
         print(__doc__)
         return 2
-    html_dir, pages = Path(argv[0]), argv[1:] or ANATOMY_PAGES
+    where = Path(argv[0])
+    if where.is_file():
+        if len(argv) != 2:
+            print("usage: page_anatomy PAGE_FILE.html PAGE (e.g. labs/lab2_ddp)")
+            return 2
+        page = argv[1]
+        source = REPO_ROOT / ("" if page.startswith("labs/") else "book") / f"{page}.md"
+        results = [check_page(page, where.read_text(), source.read_text())]
+    else:
+        results = check_build(where, argv[1:] or ANATOMY_PAGES)
     bad = 0
-    for found in check_build(html_dir, pages):
+    for found in results:
         for problem in found.problems:
             print(f"{found.page}: {problem}")
             bad += 1

@@ -7,8 +7,8 @@ pictures), its cost, and the deadlock that a naive ring of blocking sends walks 
     ring_schedule(4)
     # ... drawn: a grid per step; a slider over the steps
     ring_figure(4), ring_widget(4)
-    # 2(N-1)/N of the tensor's bytes, whatever N is
-    ring_bytes_sent_per_rank(n, 4, 4)
+    # 2(N-1)/N of the tensor's bytes, whatever N is; rank 0 adding for all: N-1
+    ring_bytes_sent_per_rank(n, 4, 4), rank0_bytes_sent(n, 4, 4), traffic_figure(n)
     # its time in the alpha-beta model
     model_time(alpha, B, n, nbytes)
 
@@ -52,29 +52,26 @@ def ring_all_reduce(tensor: torch.Tensor, max_steps: int | None = None) -> torch
     look at the half-done state and compare it with ``ring_schedule``.
     """
     rank, n = dist.get_rank(), dist.get_world_size()
-    # a non-contiguous tensor has no flat view: work on a flat copy, write it back at
-    # the end
+    # a non-contiguous tensor has no flat view: work on a flat copy, copy it back
     contiguous = tensor.is_contiguous()
     flat = tensor.view(-1) if contiguous else tensor.flatten()
-    # N views into the flat tensor; sizes differ by at most one, and some are empty when
-    # numel < N. Each rank computes the same split, so sender and receiver agree
-    # on sizes.
+    # N views into the flat tensor, sizes differing by at most one (some empty when
+    # numel < N). Every rank splits alike, so sender and receiver agree on sizes.
     chunks = torch.tensor_split(flat, n)
     right, left = (rank + 1) % n, (rank - 1) % n
     steps = 2 * (n - 1) if max_steps is None else max_steps
 
-    # Reduce-scatter: in step s, rank r passes its partial sum of chunk (r - s) to the
-    # right and adds the left neighbour's partial sum into chunk (r - s - 1). A chunk
-    # gains one rank's contribution per hop, so after N-1 hops rank r holds the complete
-    # sum of chunk (r + 1), and each rank has sent only N-1 chunks, not N-1 tensors.
+    # Reduce-scatter: in step s, rank r passes its partial sum of chunk (r - s) to
+    # the right and adds the left neighbour's into chunk (r - s - 1). A chunk gains
+    # one rank per hop: after N-1 hops rank r holds the full sum of chunk (r + 1).
     for step in range(min(n - 1, steps)):
         send_c, recv_c = (rank - step) % n, (rank - step - 1) % n
         incoming = torch.empty_like(chunks[recv_c])
         _send_recv(chunks[send_c], right, incoming, left)
         chunks[recv_c].add_(incoming)
 
-    # All-gather: the finished chunks travel round the ring the same way, but now the
-    # receiver overwrites its stale chunk (copy, not add), so it can receive in place.
+    # All-gather: the finished chunks travel round the same way, but the receiver
+    # overwrites its stale chunk (copy, not add), so it receives in place.
     for step in range(min(n - 1, steps - (n - 1))):
         send_c, recv_c = (rank - step + 1) % n, (rank - step) % n
         _send_recv(chunks[send_c], right, chunks[recv_c], left)
@@ -293,6 +290,50 @@ def ring_bytes_sent_per_rank(numel: int, n_ranks: int, element_size: int) -> flo
     return 2 * (n_ranks - 1) / n_ranks * numel * element_size
 
 
+def rank0_bytes_sent(numel: int, n_ranks: int, element_size: int) -> float:
+    """Bytes rank 0 sends when it gathers every gradient, adds them and sends the sum
+    back: N-1 copies of the tensor (and it receives as many)."""
+    return (n_ranks - 1) * numel * element_size
+
+
+def traffic_figure(numel: int, element_size: int = 4, ranks=(2, 8, 64, 512)):
+    """Bytes the busiest rank sends to all-reduce ``numel`` elements, against N:
+    through rank 0, and around a ring."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    star = [rank0_bytes_sent(numel, n, element_size) / 1e6 for n in ranks]
+    ring = [ring_bytes_sent_per_rank(numel, n, element_size) / 1e6 for n in ranks]
+    ax.plot(ranks, star, "o-", color="#d62728", lw=3, label="via rank 0")
+    ax.plot(ranks, ring, "o-", color="#3b6ea5", lw=3, label="ring")
+    # the gap at the largest N, as an arrow with its ratio
+    ax.annotate(
+        "",
+        (ranks[-1], star[-1]),
+        (ranks[-1], ring[-1]),
+        arrowprops={"arrowstyle": "<->", "color": "#555", "lw": 1.5},
+    )
+    ax.text(
+        ranks[-1] / 1.15,
+        (star[-1] * ring[-1]) ** 0.5,
+        f"{star[-1] / ring[-1]:.0f}x",
+        fontsize=16,
+        ha="right",
+        va="center",
+    )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ranks, [str(n) for n in ranks], fontsize=14)
+    ax.tick_params(axis="y", labelsize=14)
+    ax.minorticks_off()
+    ax.set_xlabel("ranks N", fontsize=15)
+    ax.set_ylabel("MB the busiest\nrank sends", fontsize=15)
+    ax.legend(fontsize=15, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def model_time(alpha: float, bandwidth: float, n: int, nbytes: int) -> float:
     """The ring's alpha-beta model: 2(N-1) latencies plus 2(N-1)/N of the bytes at
     ``bandwidth``."""
@@ -304,10 +345,8 @@ def blocking_ring_send_first(tensor: torch.Tensor) -> torch.Tensor:
     Deadlocks on gloo."""
     rank, n = dist.get_rank(), dist.get_world_size()
     received = torch.empty_like(tensor)
-    # gloo's blocking send returns only once the right neighbour has posted its receive,
-    # whatever the size; but that neighbour is stuck in its own send, and so on round
-    # the ring. Every rank waits for the next one: with a process-group timeout they
-    # all fail.
+    # gloo's blocking send returns once the right neighbour has posted its receive,
+    # at any size; but that neighbour is in its own send, and so on round the ring.
     dist.send(tensor, (rank + 1) % n)
     dist.recv(received, (rank - 1) % n)
     return received

@@ -120,8 +120,9 @@ def parallel_apply(
     """Run ``replicas[i](*inputs[i])`` in one thread each; return the outputs in order.
 
     Grad mode and autocast are thread-local in PyTorch, so each thread re-enters the
-    caller's (torch's ``parallel_apply`` does the same). An exception in a thread is
-    raised here.
+    caller's, autocast's dtype included. (torch's ``parallel_apply`` re-enters grad
+    mode and autocast's on/off switch, not its dtype: a replica thread computes in the
+    device's default autocast dtype.) An exception in a thread is raised here.
     """
     grad_enabled = torch.is_grad_enabled()
     device_type = inputs[0][0].device.type

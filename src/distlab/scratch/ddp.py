@@ -27,7 +27,10 @@ torch/csrc/distributed/c10d/reducer.cpp).
     really became ready, with the 1 MiB first bucket only when bucket_cap_mb is not
     passed (torch/nn/parallel/distributed.py, _BucketCapacityConfig). BucketedDDP fixes
     its layout at construction from reversed parameters(), and its first bucket is 1 MiB
-    (or bucket_cap_mb, if smaller) whether bucket_cap_mb is passed or not.
+    (or bucket_cap_mb, if smaller) whether bucket_cap_mb is passed or not. Both keep
+    one dtype per bucket: a model with fp32 and bf16 parameters fills buckets of each
+    dtype apart, each with its own small first one (compute_bucket_assignment_by_size
+    in torch/csrc/distributed/c10d/reducer.cpp keys its buckets by dtype and device).
 """
 
 from __future__ import annotations
@@ -136,10 +139,35 @@ class HookDDP(_DataParallelBase):
 # --- end hooks ---
 
 
-# --- begin buckets ---
+# --- begin bucketing ---
+def assign_buckets(
+    params: list[nn.Parameter], first_cap: float, cap: float
+) -> list[list[nn.Parameter]]:
+    """Cut ``params``, in the order backward should finish them, into buckets as torch's
+    ``compute_bucket_assignment_by_size`` does: a bucket closes at the first gradient
+    that takes it to its cap (in bytes) or past it; ``first_cap`` for the first."""
+    closed, filling = [], {}  # (dtype, device) -> its open bucket: params, bytes, cap
+    for p in params:
+        # a flat buffer has one dtype: an fp32 gradient in a bf16 bucket would be
+        # rounded, so each dtype (and device) fills buckets of its own
+        key = (p.dtype, p.device)
+        members, size, limit = filling.get(key, ([], 0, first_cap))
+        members, size = [*members, p], size + p.numel() * p.element_size()
+        if size >= limit:
+            closed.append(members)
+            members, size, limit = [], 0, cap
+        filling[key] = (members, size, limit)
+    # the buckets still filling go last (torch's order among them is its hash map's)
+    return closed + [members for members, _, _ in filling.values() if members]
+
+
+# --- end bucketing ---
+
+
 class _Bucket:
     def __init__(self, params: list[nn.Parameter]):
         self.params = params
+        # one dtype and device per bucket (assign_buckets)
         self.buffer = torch.zeros(
             sum(p.numel() for p in params),
             dtype=params[0].dtype,
@@ -178,17 +206,12 @@ class BucketedDDP(_DataParallelBase):
         self.find_unused_parameters = find_unused_parameters
         # a small first bucket, so communication starts early in backward (torch DDP has
         # one too, from its second iteration, and only when bucket_cap_mb is not passed)
-        cap = min(first_bucket_mb, bucket_cap_mb) * 2**20
-        self.buckets: list[_Bucket] = []
-        current, size = [], 0
-        for p in reversed(self.params):  # backward meets the last layers first
-            current.append(p)
-            size += p.numel() * p.element_size()
-            if size >= cap:
-                self.buckets.append(_Bucket(current))
-                current, size, cap = [], 0, bucket_cap_mb * 2**20
-        if current:
-            self.buckets.append(_Bucket(current))
+        first = min(first_bucket_mb, bucket_cap_mb) * 2**20
+        # backward meets the last layers first
+        order = list(reversed(self.params))
+        self.buckets = [
+            _Bucket(ps) for ps in assign_buckets(order, first, bucket_cap_mb * 2**20)
+        ]
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
         self.next_to_launch = 0
         # parameters whose gradient this backward produced
@@ -267,6 +290,3 @@ class BucketedDDP(_DataParallelBase):
             bucket.pending, bucket.work = len(bucket.params), None
         self.next_to_launch = 0
         self.arrived.clear()
-
-
-# --- end buckets ---

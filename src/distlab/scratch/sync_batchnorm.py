@@ -3,10 +3,14 @@ raises for a CPU input, and DDP refuses a CPU module that holds one), and its ke
 (``batch_norm_stats``, ``batch_norm_elemt``, ...) exist for GPUs only.
 
     model = convert_sync_batchnorm_on_gloo(model)   # every BatchNorm layer, in place
+    model = convert_sync_batchnorm_on_gloo(model, process_group=group)  # per group
 
 The arithmetic and the collectives follow torch's ``SyncBatchNorm`` autograd function
-(torch/nn/modules/_functions.py in torch 2.13): one all-gather of each rank's (mean,
-var, count) in forward, one all-reduce of two per-channel sums in backward.
+(torch/nn/modules/_functions.py in torch 2.13): one all-gather of each rank's
+per-channel statistics and row count in forward, one all-reduce of two per-channel
+sums in backward. torch's kernel gathers (mean, invstd, count), with invstd =
+1/sqrt(var + eps), and turns invstd back into a variance to combine them; this one
+gathers (mean, var, count): the same 2C+1 numbers, without the round trip.
 book/ddp_in_practice.md checks it against one process with the whole batch.
 """
 
@@ -24,7 +28,7 @@ class _SyncBatchNormOnGloo(torch.autograd.Function):
     in backward."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum):
+    def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, group):
         dims, shape, channels = (
             [0, *range(2, x.dim())],
             [1, x.size(1)] + [1] * (x.dim() - 2),
@@ -38,9 +42,9 @@ class _SyncBatchNormOnGloo(torch.autograd.Function):
                 x.new_tensor([x.numel() // channels]),
             ]
         )
-        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
         # counts may differ by rank: gather, not a plain sum
-        dist.all_gather(gathered, local)
+        dist.all_gather(gathered, local, group=group)
         # (N, C), (N, C), (N, 1)
         means, variances, counts = torch.stack(gathered).split(
             [channels, channels, 1], dim=1
@@ -55,7 +59,7 @@ class _SyncBatchNormOnGloo(torch.autograd.Function):
         invstd = (var + eps).rsqrt()
         xhat = (x - mean.view(shape)) * invstd.view(shape)
         ctx.save_for_backward(xhat, weight, invstd, n)
-        ctx.dims, ctx.shape = dims, shape
+        ctx.dims, ctx.shape, ctx.group = dims, shape, group
         return xhat * weight.view(shape) + bias.view(shape)
 
     @staticmethod
@@ -66,25 +70,31 @@ class _SyncBatchNormOnGloo(torch.autograd.Function):
         grad_weight, grad_bias = sum_dy_xhat.clone(), sum_dy.clone()
         both = torch.cat([sum_dy, sum_dy_xhat])
         # the input's gradient needs the sums over every rank's rows
-        dist.all_reduce(both)
+        dist.all_reduce(both, group=ctx.group)
         sum_dy, sum_dy_xhat = both.split(len(sum_dy))
         grad_x = (
             dy - sum_dy.view(ctx.shape) / n - xhat * sum_dy_xhat.view(ctx.shape) / n
         ) * (invstd * weight).view(ctx.shape)
-        return grad_x, grad_weight, grad_bias, None, None, None, None
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None
 
 
 class SyncBatchNormOnGloo(nn.modules.batchnorm._BatchNorm):
     """A BatchNorm layer normalised with the statistics of every rank's rows, on CPU
     tensors over gloo. Not an ``nn.SyncBatchNorm`` subclass: DDP refuses those in a
-    CPU module."""
+    CPU module. ``process_group``: the ranks whose rows are normalised together (all
+    of them when None), as torch's."""
+
+    process_group = None
 
     def _check_input_dim(self, x):
         if x.dim() < 2:
             raise ValueError(f"expected (B, C, ...) input, got {x.dim()}-D")
 
     def forward(self, x):
-        if not (self.training and dist.is_initialized() and dist.get_world_size() > 1):
+        group = self.process_group if self.process_group else dist.group.WORLD
+        if not (
+            self.training and dist.is_initialized() and dist.get_world_size(group) > 1
+        ):
             return super().forward(x)
         self.num_batches_tracked.add_(1)
         return _SyncBatchNormOnGloo.apply(
@@ -95,14 +105,37 @@ class SyncBatchNormOnGloo(nn.modules.batchnorm._BatchNorm):
             self.running_var,
             self.eps,
             self.momentum,
+            group,
         )
 
 
-def convert_sync_batchnorm_on_gloo(model: nn.Module) -> nn.Module:
-    """What ``nn.SyncBatchNorm.convert_sync_batchnorm`` does, to
+def convert_sync_batchnorm_on_gloo(model: nn.Module, process_group=None) -> nn.Module:
+    """What ``nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)`` does, to
     ``SyncBatchNormOnGloo``: every BatchNorm layer, in place, keeping its weights and
     running statistics."""
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             module.__class__ = SyncBatchNormOnGloo
+            module.process_group = process_group
     return model
+
+
+def torch_refusals() -> dict[str, str]:
+    """What torch's own SyncBatchNorm does with CPU tensors on a gloo group: each
+    attempt, one line."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(
+        nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))
+    )
+    out = {"converted": type(model[1]).__name__}
+    for name, attempt in (
+        ("forward", lambda: model(torch.randn(4, 4))),
+        ("DDP(model)", lambda: DDP(model)),
+    ):
+        try:
+            attempt()
+            out[name] = "ran"
+        except ValueError as err:
+            out[name] = f"ValueError: {err}"
+    return out

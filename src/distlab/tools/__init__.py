@@ -4,14 +4,17 @@ the memory calculator (``memory_calculator``, ``calculator_page``) and ``dtypes`
 dtype each operator really ran in), ``sharding`` (an ``IterableDataset`` split by rank x
 DataLoader worker), ``step_model`` (a DDP step from your numbers: the smallest batch
 that hides the all-reduce) and ``allreduce_costs`` (ring, tree, in-network and
-hierarchical all-reduce), ``comm_timeline`` and ``comm_bytes`` (when each bucket
-travelled, and how many bytes), ``collective_bytes`` (the bytes of every c10d
-collective, from Python or C++), ``lr_scaling`` (learning-rate rules), ``stragglers``
-(the slow rank, from per-rank step times gathered every k steps), ``fsdp_timeline``
-(FSDP2's gathered bytes after every operator, and who issued each all-gather),
-``offload`` (an activation offload hook, and a meter of what any offload hook moves);
-and the planner: ``shapes`` (model sizes), ``hardware`` (GPUs and networks, with
-sources), ``planner`` and ``planner_comm`` (memory and step time of a plan),
+hierarchical all-reduce), drawn by ``step_figures``; ``bucket_firing`` (which bucket DDP
+launched after which gradient), ``ddp_compile`` (how DDPOptimizer split a compiled
+graph), ``comm_timeline`` and ``comm_bytes`` (when each bucket travelled, and how many
+bytes), ``collective_lanes`` (the collectives each rank issued, from the flight
+recorder), ``exact_eval`` (an exact distributed evaluation), ``collective_bytes`` (the
+bytes of every c10d collective, from Python or C++), ``lr_scaling`` (learning-rate
+rules), ``stragglers`` (the slow rank, from per-rank step times gathered every k steps),
+``fsdp_timeline`` (FSDP2's gathered bytes after every operator, and who issued each
+all-gather), ``offload`` (an activation offload hook, and a meter of what any offload
+hook moves); and the planner: ``shapes`` (model sizes), ``hardware`` (GPUs and networks,
+with sources), ``planner`` and ``planner_comm`` (memory and step time of a plan),
 ``recommend``, ``plan`` (its CLI, ``python -m distlab.tools.plan``), ``planner_page``
 (its form), ``planner_check`` (against this machine's runs) and ``published_runs`` (what
 it is checked against). May import the training library and ``infra``."""

@@ -1,22 +1,44 @@
-"""What an all-reduce of n bytes costs with each algorithm, in the alpha-beta model.
+"""What an all-reduce of n bytes costs with each algorithm, in the alpha-beta model with
+NCCL's own latencies.
 
-    ring_s(n, N, alpha, B)                2(N-1) alpha + 2(N-1)/N n/B
-    tree_s(n, N, alpha, B)                2 log2(N) alpha + 2 n/B
-                                          (double binary tree, pipelined)
-    in_network_s(n, alpha, B)             2 alpha + n/B
-                                          (NVLS, SHARP: the switch adds)
-    hierarchical_s(n, nodes, per_node, intra, inter)
-                                          reduce-scatter in the node, all-reduce of 1/g
-                                          of it across nodes, all-gather in the node
-    halving_doubling_s(n, N, alpha, B)    2 log2(N) alpha + 2(N-1)/N n/B
+    ring_s(n, N, alpha, B)               2(N-1) alpha + 2(N-1)/N n/B
+    halving_doubling_s(n, N, alpha, B)   2 log2(N) alpha + 2(N-1)/N n/B
+    tree_s(n, M, g, intra, inter)        NCCL's tree: a chain of the g GPUs inside each
+                                         node, a double binary tree across the M nodes
+    in_network_s(n, latency, algbw)      the switch sums (NVLS, SHARP): n/algbw
+    hierarchical_s(n, M, g, intra, inter)
+                                         reduce-scatter in the node, all-reduce of 1/g
+                                         of it across nodes, all-gather in the node
 
 Each is a model with its assumptions written beside it; none is a measurement. B is one
-direction of a rank's link (links are full duplex: a rank sends and receives at once).
+direction of a rank's link, the "busbw" of nccl-tests (links are full duplex: a rank
+sends and receives at once). The constants below are NCCL's tuning model and two
+measurements by NCCL's maintainer, each with its source.
 """
 
 from __future__ import annotations
 
 import math
+
+# NCCL's tuning model, src/graph/tuning.cc (baseLat, hwLat and ncclTopoGetAlgoTime),
+# read at a 2.2x release (the one with Blackwell rows). The page's earlier source,
+# NCCL 2.7.5 (2020), had 9.6 us for a network step and 28 us for an NVLink tree step.
+NCCL_TUNING = "https://github.com/NVIDIA/nccl/blob/master/src/graph/tuning.cc"
+# Simple protocol (the one for MiB-sized messages such as DDP's buckets), seconds
+BASE_SIMPLE = 8.4e-6  # baseLat, Ring and Tree: once per call
+RING_NVLINK = 3.4e-6  # hwLat NVLink, Ring: per ring step
+TREE_NVLINK = 4.0e-6  # hwLat NVLink, Tree: per step of the chain inside a node
+NET_STEP = 14e-6  # hwLat Net, Ring and Tree: per step over the network
+RING_PLATEAU = 1.4  # a multi-node Ring/Simple all-reduce's latency x 1.4 (sm80 and on)
+NVLS_LATENCY = 25e-6  # hwLat NVLink, NVLS: the whole in-node all-reduce, no base
+# LL protocol (small messages): baseLat 6.6 us, hwLat 0.6 us per NVLink ring step, and
+# a bus bandwidth of at most llMaxBw (Hopper, one node: 141 GB/s)
+LL_BASE, LL_NVLINK, LL_MAX_BUSBW = 6.6e-6, 0.6e-6, 141e9
+# Measured on 8 H100s, quoted by NCCL's maintainer in nccl-tests#212: the ring's busbw
+# (NCCL_ALGO=Ring; NVLink's line rate is 450 GB/s each way) and NVLS's algbw.
+NCCL_TESTS_212 = "https://github.com/NVIDIA/nccl-tests/issues/212"
+NVLINK_BUSBW = 370e9
+NVLS_ALGBW = 275e9
 
 
 def ring_s(n: float, ranks: int, alpha: float, bandwidth: float) -> float:
@@ -30,20 +52,29 @@ def halving_doubling_s(n: float, ranks: int, alpha: float, bandwidth: float) -> 
     return 2 * math.log2(ranks) * alpha + 2 * (ranks - 1) / ranks * n / bandwidth
 
 
-def tree_s(n: float, ranks: int, alpha: float, bandwidth: float) -> float:
-    """A reduce up a binary tree, then a broadcast down, pipelined in chunks: a latency
-    of the tree's depth each way, and each rank sends about n going up and n coming
-    down. NCCL's double binary tree splits the data over two trees so that every rank's
-    link is busy both ways; its tuning model likewise takes a tree's algorithm bandwidth
-    as half its bus bandwidth (2 n / B)."""
-    return 2 * math.log2(ranks) * alpha + 2 * n / bandwidth
+def tree_s(
+    n: float,
+    nodes: int,
+    per_node: int,
+    intra: tuple[float, float],
+    inter: tuple[float, float],
+    base: float = 0.0,
+) -> float:
+    """NCCL's tree all-reduce: a reduce up, then a broadcast down, pipelined in chunks.
+    Inside a node the g GPUs form a chain, across nodes a double binary tree
+    (nvidia/nccl#919: "The tree is only between nodes. Within a single node, it is
+    indeed just a chain"). NCCL's latency: 2((g-1) alpha_intra + log2(M) alpha_inter).
+    Each rank sends n going up and n coming down, so the algorithm bandwidth is half
+    the bus bandwidth (NCCL's ratio .5): 2n/B, B the slower of the two levels."""
+    (a_in, b_in), (a_out, b_out) = intra, inter
+    latency = base + 2 * ((per_node - 1) * a_in + math.log2(nodes) * a_out)
+    return latency + 2 * n / (b_in if nodes == 1 else min(b_in, b_out))
 
 
-def in_network_s(n: float, alpha: float, bandwidth: float) -> float:
+def in_network_s(n: float, latency: float, algbw: float) -> float:
     """The switch sums: each rank sends its n bytes once and receives the n-byte sum
-    once, both directions at the same time (NVLink SHARP in an NVSwitch node, InfiniBand
-    SHARP between nodes)."""
-    return 2 * alpha + n / bandwidth
+    once (NVLink SHARP in an NVSwitch node, InfiniBand SHARP between nodes)."""
+    return latency + n / algbw
 
 
 def hierarchical_s(
@@ -53,54 +84,61 @@ def hierarchical_s(
     intra: tuple[float, float],
     inter: tuple[float, float],
     nics_per_node: int = 0,
+    base: float = 0.0,
 ) -> float:
     """Ring reduce-scatter inside each node (each GPU ends with 1/g of the node's sum),
-    ring all-reduce of that 1/g across the nodes, ring all-gather inside the node.
-    ``intra`` and ``inter`` are (alpha, bandwidth); ``inter``'s bandwidth is one NIC's.
-    With a NIC per GPU (``nics_per_node`` = g, the default) the g cross-node all-reduces
-    run side by side; with fewer NICs they share them."""
+    ring all-reduce of that 1/g across the nodes, ring all-gather inside the node, one
+    after the other, each paying ``base``. ``intra`` and ``inter`` are (alpha,
+    bandwidth); ``inter``'s bandwidth is one NIC's. With a NIC per GPU
+    (``nics_per_node`` = g, the default) the g cross-node all-reduces run side by side;
+    with fewer NICs they share them."""
     g, (a_in, b_in), (a_out, b_out) = per_node, intra, inter
     nics = nics_per_node or g
     # reduce-scatter or all-gather
-    half_in_node = (g - 1) * a_in + (g - 1) / g * n / b_in if g > 1 else 0.0
+    half_in_node = base + (g - 1) * a_in + (g - 1) / g * n / b_in if g > 1 else 0.0
     share = b_out * min(nics, g) / g  # each GPU's share of the node's network bandwidth
-    across = ring_s(n / g, nodes, a_out, share) if nodes > 1 else 0.0
+    across = base + ring_s(n / g, nodes, a_out, share) if nodes > 1 else 0.0
     return 2 * half_in_node + across
 
 
-def algorithms_one_node(
-    n: float, ranks: int, nvlink: tuple[float, float]
-) -> dict[str, float]:
-    """Seconds per algorithm for ``ranks`` GPUs of one NVSwitch node."""
-    alpha, bw = nvlink
+def algorithms_one_node(n: float, ranks: int = 8) -> dict[str, float]:
+    """Seconds per algorithm for ``ranks`` H100s of one NVSwitch node, with NCCL's
+    latencies and the measured bandwidths above."""
+    ll_algbw = min(LL_MAX_BUSBW, NVLINK_BUSBW / 2) * ranks / (2 * (ranks - 1))
+    nvlink = (TREE_NVLINK, NVLINK_BUSBW)
     return {
-        "ring": ring_s(n, ranks, alpha, bw),
-        "tree": tree_s(n, ranks, alpha, bw),
-        "NVLS (in-switch sum)": in_network_s(n, alpha, bw),
+        "ring, LL": LL_BASE + 2 * (ranks - 1) * LL_NVLINK + n / ll_algbw,
+        "ring": BASE_SIMPLE + ring_s(n, ranks, RING_NVLINK, NVLINK_BUSBW),
+        "tree (a chain)": tree_s(n, 1, ranks, nvlink, nvlink, BASE_SIMPLE),
+        "NVLS (switch sums)": in_network_s(n, NVLS_LATENCY, NVLS_ALGBW),
     }
 
 
 def algorithms_across_nodes(
-    n: float,
-    nodes: int,
-    per_node: int,
-    nvlink: tuple[float, float],
-    nic: tuple[float, float],
+    n: float, nodes: int, per_node: int, nic_bandwidth: float
 ) -> dict[str, float]:
-    """Seconds per algorithm for ``nodes`` x ``per_node`` GPUs, a NIC per GPU. A single
-    ring or tree (one *channel*) sends all its bytes through one NIC per hop (the
-    slowest link of its path); NCCL runs several channels side by side, each leaving the
-    node through its own NIC, and takes their bus bandwidth as channels x a channel's
-    speed (``busBw = nChannels * speed`` in its ``tuning.cc``): the ring with a channel
-    per NIC. The hierarchical all-reduce uses NVLink inside the node and all g NICs
-    across; with SHARP the same hierarchy has the network switch sum the 1/g pieces
-    (what NCCL's CollNet algorithms do)."""
-    ranks, (a_out, b_out) = nodes * per_node, nic
+    """Seconds per algorithm for ``nodes`` x ``per_node`` H100s, a NIC per GPU. Every
+    algorithm gets a channel per NIC: NCCL runs several rings and trees side by side
+    ("a tree pair per NIC", nvidia/nccl#545), each leaving the node through its own NIC,
+    and takes their bus bandwidth as channels x a channel's speed (``busBw = nChannels
+    * bw`` in tuning.cc), here at most NVLink's. The ring's latency is NCCL's: 2(N-1)
+    steps, 2(M-1) of them over the network, times the plateau factor."""
+    ranks, g = nodes * per_node, per_node
+    busbw = min(NVLINK_BUSBW, g * nic_bandwidth)
+    net_steps = 2 * (nodes - 1)
+    ring_latency = RING_PLATEAU * (
+        BASE_SIMPLE + (2 * (ranks - 1) - net_steps) * RING_NVLINK + net_steps * NET_STEP
+    )
+    intra, inter = (TREE_NVLINK, NVLINK_BUSBW), (NET_STEP, g * nic_bandwidth)
     return {
-        "ring, one channel": ring_s(n, ranks, a_out, b_out),
-        "tree, one channel": tree_s(n, ranks, a_out, b_out),
-        "ring, a channel per NIC": ring_s(n, ranks, a_out, b_out * per_node),
-        "hierarchical": hierarchical_s(n, nodes, per_node, nvlink, nic),
-        "hierarchical + SHARP": hierarchical_s(n, 1, per_node, nvlink, nic)
-        + in_network_s(n / per_node, a_out, b_out),
+        "ring": ring_latency + 2 * (ranks - 1) / ranks * n / busbw,
+        "tree": tree_s(n, nodes, g, intra, inter, BASE_SIMPLE),
+        "hierarchical": hierarchical_s(
+            n,
+            nodes,
+            g,
+            (RING_NVLINK, NVLINK_BUSBW),
+            (NET_STEP, nic_bandwidth),
+            base=BASE_SIMPLE,
+        ),
     }

@@ -124,7 +124,7 @@ def draw_timeline(ax, ranks: list[dict], title: str) -> None:
         )
         ax.vlines(ms["grads"], y - 0.3, y + 0.3, color="0.35", linewidth=0.6)
         ax.plot(ms["synced"], y, marker="|", markersize=14, color="black")
-        labels.append(f"rank {r} backward")
+        labels.append(f"rank {r}: backward")
     for b in sorted(steps[0]["launch"]):
         y = len(labels)
         for r, ms in enumerate(steps):
@@ -140,8 +140,9 @@ def draw_timeline(ax, ranks: list[dict], title: str) -> None:
                 ax.plot(ms["ready"][b], lane, "o", markersize=3, color="black")
             if b in ms["waited"]:
                 ax.plot(ms["waited"][b], lane, "x", markersize=4, color="black")
-        labels.append(f"bucket {b} ({ranks[0]['bucket_bytes'][b] / 2**20:.1f} MiB)")
-    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        labels.append(f"bucket {b}, {ranks[0]['bucket_bytes'][b] / 2**20:.1f} MiB")
+    ax.set_yticks(range(len(labels)), labels, fontsize=10)
     ax.invert_yaxis()
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=11, loc="left")
+    ax.tick_params(axis="x", labelsize=10)
     ax.grid(axis="x", alpha=0.3)

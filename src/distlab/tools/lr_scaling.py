@@ -39,7 +39,9 @@ VAL_WINDOWS = 64  # windows of the validation batch every run is scored on at it
 # from BASE_LR/steps)
 RULES: dict[str, tuple] = {
     "unscaled": (lambda n: 1.0, False),
-    "linear": (lambda n: float(n), False),  # Goyal et al. 2017, for SGD
+    # Goyal et al. 2017, for SGD: without its warm-up, then with it
+    "linear": (lambda n: float(n), False),
+    "linear + warm-up": (lambda n: float(n), True),
     # the square-root rule, for Adam-like optimizers
     "sqrt + warm-up": (lambda n: math.sqrt(n), True),
 }
@@ -95,10 +97,14 @@ def train_with_rule(rule: str, steps: int, global_batch: int) -> dict:
     return {"losses": losses, "val_loss": val_loss(exp), "lr": rates}
 
 
-def scaling_runs(rules: tuple[str, ...] = tuple(RULES)) -> dict:
+def scaling_runs(rules: tuple[str, ...] | None = None) -> dict:
     """On every rank (or in one process): every rule at this world size, on the same
-    token budget: TOKENS_AT_ONE_RANK_STEPS / N steps of N x PER_RANK_BATCH windows."""
+    token budget: TOKENS_AT_ONE_RANK_STEPS / N steps of N x PER_RANK_BATCH windows.
+    At one rank the scaled rules are the unscaled ones: only "unscaled" and the
+    warmed-up "sqrt + warm-up" run there, unless ``rules`` says otherwise."""
     world_size = rank_world()[1]
+    if rules is None:
+        rules = tuple(RULES) if world_size > 1 else ("unscaled", "sqrt + warm-up")
     if TOKENS_AT_ONE_RANK_STEPS % world_size:
         raise ValueError(
             f"{TOKENS_AT_ONE_RANK_STEPS} steps of one rank do not split over "
@@ -131,3 +137,32 @@ def one_process_losses(world_size: int, steps: int) -> list[float]:
 def tokens_seen(global_batch: int, steps: int, block_size: int = 64) -> list[int]:
     """Tokens consumed after each of ``steps`` steps of ``global_batch`` windows."""
     return [global_batch * block_size * (s + 1) for s in range(steps)]
+
+
+def lr_figure(scaling: dict, rules: tuple[str, ...]):
+    """Left: the unscaled runs at every world size against the tokens seen. Right: the
+    4-rank runs of every rule, step by step."""
+    import matplotlib.pyplot as plt
+
+    fig, (by_tokens, rules_ax) = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+    for n, colour in zip(scaling, ("black", "tab:blue", "tab:red")):
+        res = scaling[n]
+        tokens = tokens_seen(res["global_batch"], res["steps"])
+        losses = res["runs"]["unscaled"]["losses"]
+        by_tokens.plot(tokens, losses, color=colour, label=f"{n} rank{'s' * (n > 1)}")
+    by_tokens.set(xlabel="tokens seen", ylabel="training loss")
+    by_tokens.set_title("unscaled LR, same tokens", fontsize=11)
+    by_tokens.legend(fontsize=10)
+    four = scaling[max(scaling)]
+    for rule, style in zip(rules, ("-", "--", "-.", ":")):
+        losses = four["runs"][rule]["losses"]
+        rules_ax.plot(range(1, len(losses) + 1), losses, style, label=rule, lw=1.5)
+    rules_ax.set(xlabel="optimizer step")
+    rules_ax.set_title(f"{max(scaling)} ranks, each rule", fontsize=11)
+    rules_ax.legend(fontsize=10)
+    for ax in (by_tokens, rules_ax):
+        ax.tick_params(labelsize=10)
+        ax.xaxis.label.set_size(11)
+        ax.yaxis.label.set_size(11)
+    fig.tight_layout()
+    return fig

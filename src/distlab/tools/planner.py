@@ -139,15 +139,11 @@ def gpu_cluster(
 
 def check(shape: ModelShape, cluster: Cluster, plan: Plan) -> None:
     """One-line errors for plans that cannot run, listing the valid choices."""
-    choices = (
+    for value, options, what in (
         (plan.strategy, STRATEGIES, "strategy"),
         (plan.ac, AC_MODES, "activation checkpointing"),
-    )
-    states = (plan.state, STATES, "model state")
-    for value, options, what in (
-        *choices,
         (plan.precision, PRECISIONS, "precision"),
-        states,
+        (plan.state, STATES, "model state"),
     ):
         if value not in options:
             raise ValueError(
@@ -188,10 +184,6 @@ def check(shape: ModelShape, cluster: Cluster, plan: Plan) -> None:
             raise ValueError(
                 f"{name} must be a whole number, got {getattr(plan, name)}"
             )
-
-
-def shard_group(cluster: Cluster, plan: Plan) -> int:
-    return plan.group if plan.strategy == "hsdp" else cluster.gpus
 
 
 # --- begin memory ---
