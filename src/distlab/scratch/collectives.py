@@ -6,7 +6,7 @@ pictures), its cost, and the deadlock that a naive ring of blocking sends walks 
     # the same algorithm on paper, step by step
     ring_schedule(4)
     # ... drawn: a grid per step; a slider over the steps
-    ring_figure(4), ring_widget(4)
+    ring_figure(4), stepper(ring_views(4), "step")
     # 2(N-1)/N of the tensor's bytes, whatever N is; rank 0 adding for all: N-1
     ring_bytes_sent_per_rank(n, 4, 4), rank0_bytes_sent(n, 4, 4), traffic_figure(n)
     # its time in the alpha-beta model
@@ -261,23 +261,10 @@ def step_html(entry: dict, n: int) -> str:
     )
 
 
-def ring_widget(n: int = 4):
-    """The steps behind a slider and a play button, rendered in advance: no
-    kernel needed."""
-    import ipywidgets as widgets
-
-    schedule = ring_schedule(n)
-    views = widgets.Stack(
-        [widgets.HTML(step_html(e, n)) for e in schedule], selected_index=0
-    )
-    slider = widgets.IntSlider(
-        value=0, min=0, max=len(schedule) - 1, description="step"
-    )
-    play = widgets.Play(value=0, min=0, max=len(schedule) - 1, interval=1500)
-    # links run in the browser: no Python callback
-    widgets.jslink((play, "value"), (slider, "value"))
-    widgets.jslink((slider, "value"), (views, "selected_index"))
-    return widgets.VBox([widgets.HBox([play, slider]), views])
+def ring_views(n: int = 4) -> list[str]:
+    """The ring's steps, one HTML view each (``distlab.infra.stepper`` steps through
+    them)."""
+    return [step_html(e, n) for e in ring_schedule(n)]
 
 
 def ring_bytes_sent_per_rank(numel: int, n_ranks: int, element_size: int) -> float:

@@ -4,18 +4,16 @@
 backward and the optimizer step on a real model and batch, and keeps what each call
 did: the rows each device got, the numbers copied, the threads that ran each replica,
 the shapes gathered, where the gradients landed. ``step_figure`` draws the record
-(the page's key figure); ``step_widget`` steps through it one call at a time, with
-every view rendered in advance, so the built page needs no kernel.
+(the page's key figure); ``step_views`` gives one view per call, for a stepper that
+needs no kernel in the built page.
 
     record = record_step(model, (x, y), [torch.device("cpu")] * 2)
     step_figure(record)
-    step_widget(record)
+    stepper(step_views(record), "call")
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import threading
 
 import torch
@@ -147,15 +145,6 @@ def step_figure(record: dict, highlight: str | None = None):
     return fig
 
 
-def _png(fig) -> str:
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=80)
-    plt.close(fig)
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
 def what_moved(record: dict) -> dict[str, str]:
     """One sentence per call, from the record: what moved, and where."""
     rows, n = record["rows"], record["devices"]
@@ -180,24 +169,14 @@ def what_moved(record: dict) -> dict[str, str]:
     }
 
 
-def step_widget(record: dict):
-    """The calls behind a slider and a play button, one view each, rendered in
-    advance."""
-    import ipywidgets as widgets
-
+def step_views(record: dict) -> list[tuple]:
+    """The calls, one view each (a sentence and the figure with that call lit), for
+    ``distlab.infra.stepper``."""
     sentences = what_moved(record)
-    views = [
-        widgets.HTML(
-            f"<div><b>{i + 1}. {call}</b>: {sentences[call]}<br>"
-            f"<img style='max-width:100%' "
-            f"src='data:image/png;base64,{_png(step_figure(record, call))}'></div>"
+    return [
+        (
+            f"<div><b>{i + 1}. {call}</b>: {sentences[call]}</div>",
+            step_figure(record, call),
         )
         for i, call in enumerate(CALLS)
     ]
-    stack = widgets.Stack(views, selected_index=0)
-    slider = widgets.IntSlider(value=0, min=0, max=len(CALLS) - 1, description="call")
-    play = widgets.Play(value=0, min=0, max=len(CALLS) - 1, interval=2500)
-    # links run in the browser: no Python callback
-    widgets.jslink((play, "value"), (slider, "value"))
-    widgets.jslink((slider, "value"), (stack, "selected_index"))
-    return widgets.VBox([widgets.HBox([play, slider]), stack])

@@ -2,7 +2,7 @@
 
 ``expected_shards`` is the rule written out (pad or cut one common order, then deal it
 out with a stride); the chapter "Feeding the ranks" and its tests hold it against
-PyTorch's own ``DistributedSampler`` over many sizes. ``deal_widget`` steps through the
+PyTorch's own ``DistributedSampler`` over many sizes. ``deal_views`` draws the
 deal position by position (views rendered in advance, so the built page needs no
 kernel); ``deal_figure`` compares padding and dropping. Both draw from the real sampler.
 """
@@ -150,22 +150,11 @@ def deal_html(n: int, world_size: int, dealt: int) -> str:
     )
 
 
-def deal_widget(n: int = 10, world_size: int = 4):
-    """The deal behind a slider and a play button, rendered in advance: no kernel
-    needed (the ring widget of the collectives chapter works the same way)."""
-    import ipywidgets as widgets
-
+def deal_views(n: int = 10, world_size: int = 4) -> list[str]:
+    """The deal, one HTML view per index dealt (``distlab.infra.stepper`` steps through
+    them, as the collectives chapter's ring)."""
     steps = expected_layout(n, world_size, drop_last=False).total + 1
-    views = widgets.Stack(
-        [widgets.HTML(deal_html(n, world_size, k)) for k in range(steps)],
-        selected_index=0,
-    )
-    slider = widgets.IntSlider(value=0, min=0, max=steps - 1, description="dealt")
-    play = widgets.Play(value=0, min=0, max=steps - 1, interval=1000)
-    # links run in the browser: no Python callback
-    widgets.jslink((play, "value"), (slider, "value"))
-    widgets.jslink((slider, "value"), (views, "selected_index"))
-    return widgets.VBox([widgets.HBox([play, slider]), views])
+    return [deal_html(n, world_size, k) for k in range(steps)]
 
 
 # --------------------------------------------------------------- pad or drop, drawn

@@ -17,8 +17,7 @@ its bytes, not a clock: the picture is the same on every machine and every run.
 
 from __future__ import annotations
 
-import base64
-import io
+from distlab.infra.stepper import figure_html, stepper
 
 FONT = 15
 BUCKET_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
@@ -166,35 +165,14 @@ def caption(recorded: dict, names: list[str], ready: int) -> str:
     return " ".join(said)
 
 
-def _png(fig) -> str:
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
-    data = base64.b64encode(buffer.getvalue()).decode()
-    return f'<img src="data:image/png;base64,{data}" style="max-width:100%">'
-
-
 def widget(recorded: dict, names: list[str]):
     """The strips stepped through backward: a slider and a play button over views
     rendered in advance, so it works in the built page with no kernel (as the ring
     widget of book/collectives.md). It opens on the last step: every bucket fired."""
-    import ipywidgets as widgets
-
     at = stops(recorded)
     views = [
-        widgets.HTML(
-            f"<p style='min-height:3.2em'>{caption(recorded, names, r)}</p>"
-            + _png(frame(recorded, names, r))
-        )
+        f"<p style='min-height:3.2em'>{caption(recorded, names, r)}</p>"
+        + figure_html(frame(recorded, names, r))
         for r in at
     ]
-    last = len(at) - 1
-    stack = widgets.Stack(views, selected_index=last)
-    slider = widgets.IntSlider(value=last, min=0, max=last, description="backward")
-    play = widgets.Play(value=last, min=0, max=last, interval=1500)
-    # links run in the browser: no Python callback
-    widgets.jslink((play, "value"), (slider, "value"))
-    widgets.jslink((slider, "value"), (stack, "selected_index"))
-    return widgets.VBox([widgets.HBox([play, slider]), stack])
+    return stepper(views, "backward", start=len(views) - 1)

@@ -8,9 +8,7 @@ costs against the message size.
 
 from __future__ import annotations
 
-import base64
-import io
-
+from distlab.infra.stepper import figure_html, stepper
 from distlab.model import GPTConfig
 from distlab.tools import allreduce_costs as nccl
 from distlab.tools.step_model import (
@@ -154,39 +152,14 @@ def timeline_figure(cfg: GPTConfig, batch: int, n: int, link: Link, flops_per_s)
     return fig
 
 
-def _png(fig) -> str:
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
-    data = base64.b64encode(buffer.getvalue()).decode()
-    return f'<img src="data:image/png;base64,{data}" style="max-width:100%">'
-
-
 def timeline_widget(cfg, n, link, flops_per_s, batches=(1, 2, 4, 8, 16, 32, 64), at=5):
     """The timeline at each batch, behind a slider and a play button, rendered in
     advance: no kernel needed (the ring widget of book/collectives.md works the same
     way)."""
-    import ipywidgets as widgets
-
-    views = widgets.Stack(
-        [
-            widgets.HTML(_png(timeline_figure(cfg, b, n, link, flops_per_s)))
-            for b in batches
-        ],
-        selected_index=at,
-    )
-    slider = widgets.SelectionSlider(
-        options=[(str(b), i) for i, b in enumerate(batches)],
-        value=at,
-        description="sequences",
-    )
-    play = widgets.Play(value=at, min=0, max=len(batches) - 1, interval=1500)
-    # links run in the browser: no Python callback
-    widgets.jslink((play, "value"), (slider, "index"))
-    widgets.jslink((slider, "index"), (views, "selected_index"))
-    return widgets.VBox([widgets.HBox([play, slider]), views])
+    views = [
+        figure_html(timeline_figure(cfg, b, n, link, flops_per_s)) for b in batches
+    ]
+    return stepper(views, "sequences", start=at, options=[str(b) for b in batches])
 
 
 def algorithms_figure(nic_bandwidth: float = 50e9, sizes=None):
