@@ -154,8 +154,18 @@ def built_book(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
                 "stderr": proc.stderr,
             }
             times = {r.page: r.seconds for r in runs}
+            # a page that failed here and passed when the build ran it again is a flaky
+            # page: its error is kept for the test that counts the cached pages
+            errors = {r.page: r.error[-4000:] for r in runs if r.error}
             record.write_text(
-                json.dumps({**done, "executed": "\n".join(log), "page_times": times})
+                json.dumps(
+                    {
+                        **done,
+                        "executed": "\n".join(log),
+                        "page_times": times,
+                        "page_errors": errors,
+                    }
+                )
             )
     done = json.loads(record.read_text())
     return subprocess.CompletedProcess(

@@ -6,6 +6,8 @@ here read the notebooks that build executed, so ``make test`` does not run them 
 The browser tests (test_book_in_browser.py) read the same build: the fixture shares it
 between the xdist workers."""
 
+import json
+
 import pytest
 
 from distlab.infra.book_build import executed_page, toc_pages
@@ -58,8 +60,12 @@ def test_strict_build_passes_and_writes_every_page(built_book):
     # page the build executed itself, one after another, would mean the cache keys
     # disagree (a slower build)
     cached = proc.stdout.count("Using cached notebook")
+    record = json.loads((build.parent.parent / "book.json").read_text())
+    errors = "\n\n".join(
+        f"{page} failed:\n{error}" for page, error in record["page_errors"].items()
+    )
     assert cached == len(toc_pages()), (
-        f"the build found {cached} of {len(toc_pages())} pages executed"
+        f"the build found {cached} of {len(toc_pages())} pages executed\n{errors}"
     )
     lab = (build / "html" / "labs" / "lab1_single.html").read_text()
     # the loss plot, and no error output
