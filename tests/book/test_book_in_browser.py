@@ -22,11 +22,13 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect, sync_playwright
 
 from distlab.infra.book_build import toc_pages
+from distlab.infra.page_anatomy import ANATOMY_PAGES
 from distlab.infra.paths import REPO_ROOT
 from support.browser import (
     CHROMIUM_ARGS,
     DESKTOP,
     PHONE,
+    SETTLE,
     chromium_path,
     serve,
     visit_all,
@@ -106,7 +108,19 @@ def page_facts(page) -> dict:
         except PlaywrightTimeout:
             pass
         facts["answer_visible_after"] = body.is_visible()
+    # at desktop width, code blocks and outputs whose lines run past their box
+    page.set_viewport_size(DESKTOP)
+    page.evaluate(SETTLE)
+    facts["cut_code"] = page.evaluate(_CUT_CODE)
     return facts
+
+
+# Each code block or printed output wider than its box at this width: its first line
+# that is cut, and by how many pixels.
+_CUT_CODE = """() => Array.from(document.querySelectorAll("article pre"))
+  .filter(p => p.scrollWidth > p.clientWidth + 1)
+  .map(p => [p.textContent.split("\\n").sort((a, b) => b.length - a.length)[0],
+             p.scrollWidth - p.clientWidth])"""
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +135,15 @@ def crawl(site):
         SCREENSHOTS,
         inspect=page_facts,
     )
+
+
+@pytest.mark.parametrize("page", ANATOMY_PAGES)
+def test_no_code_is_cut_at_the_column_edge_on_a_desktop(crawl, page):
+    """The anatomy's 88 columns fit the reading column of a desktop screen: no code
+    block or output of a rebuilt page scrolls sideways at 1280 px (distlab.css sets
+    the code size that makes them fit)."""
+    cut = crawl[page]["facts"]["cut_code"]
+    assert not cut, f"cut at the column edge (line, pixels over): {cut[:3]}"
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -122,7 +122,7 @@ _READ_PAGE = r"""(width) => {
 
 
 # Wait for the CSS transitions and finite animations running now to finish.
-_SETTLE = """() => Promise.all(document.getAnimations()
+SETTLE = """() => Promise.all(document.getAnimations()
   .filter(a => a.effect && a.effect.getComputedTiming().iterations !== Infinity)
   .map(a => a.finished.catch(() => null)))"""
 
@@ -189,7 +189,7 @@ def visit(
         for view, size in views.items():
             page.set_viewport_size(size)
             # the sidebars slide when the width crosses a breakpoint
-            page.evaluate(_SETTLE)
+            page.evaluate(SETTLE)
             read = page.evaluate(_READ_PAGE, size["width"])
             record = Visit(
                 url,
