@@ -64,6 +64,7 @@ BOOK_FILES = (
     "test_notebooks.py",
     "test_page_anatomy.py",
     "test_book_in_browser.py",
+    "test_book_controls.py",
 )
 
 
@@ -90,9 +91,10 @@ def pytest_collection_modifyitems(items):
         "test_notebooks.py": 0,
         "test_page_anatomy.py": 1,
         "test_book_in_browser.py": 2,
+        "test_book_controls.py": 3,
     }
     # stable: keeps the rest in order
-    items.sort(key=lambda item: order.get(item.path.name, 3))
+    items.sort(key=lambda item: order.get(item.path.name, 4))
 
 
 # Pages executed at a time before the build reads them (distlab.infra.book_build): the
@@ -200,3 +202,28 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(
             times_report(sorted(times.items(), key=lambda t: -t[1]), where=where)
         )
+
+
+@pytest.fixture(scope="session")
+def site(built_book):
+    """The strict build served on 127.0.0.1 and a headless Chromium: (base URL, html
+    folder, playwright Browser), for the browser tests."""
+    from playwright.sync_api import sync_playwright
+
+    from support.browser import CHROMIUM_ARGS, chromium_path, serve
+
+    proc, build = built_book
+    if proc.returncode != 0:
+        pytest.fail(
+            "the strict book build failed; see "
+            "test_strict_build_passes_and_writes_every_page"
+        )
+    html = build / "html"
+    with serve(html) as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=chromium_path(), args=CHROMIUM_ARGS
+        )
+        try:
+            yield base, html, browser
+        finally:
+            browser.close()
