@@ -47,8 +47,9 @@ Around it, one subpackage per role:
                 provenance
     infra/      plumbing for pages and tests: launching ranks from a notebook,
                 repository paths, the experiment harness, tables, lab diffs, the
-                page anatomy (``page_anatomy``), live timings worded with a guard
-                (``claims``), the DDP lab pages' figures (``ddp_labs``), the landing
+                page anatomy (``page_anatomy``; pages' sources read by ``myst``),
+                live timings worded with a guard (``claims``), the DDP lab pages'
+                figures (``ddp_labs``), the stepping widgets (``stepper``), the landing
                 page's reading path (``reading_path``: core pages and reference
                 pages, with reading times computed from their sources) and its
                 figures (``landing``)

@@ -15,8 +15,8 @@ import re
 
 import pytest
 
+from distlab.infra.myst import blocks, page_source
 from distlab.infra.page_anatomy import ANATOMY_PAGES
-from distlab.infra.paths import REPO_ROOT
 
 KINDS = ("exact", "recorded", "claim", "live")
 COMPARATIVE = re.compile(
@@ -28,27 +28,13 @@ COMPARATIVE = re.compile(
 GLUE_REF = re.compile(r"\{glue(?::\w*)?\}`([^`]+)`")
 
 
-def page_source(page: str) -> str:
-    folder = REPO_ROOT if page.startswith("labs/") else REPO_ROOT / "book"
-    return (folder / f"{page}.md").read_text()
-
-
 def split_cells(source: str) -> tuple[list[str], str]:
     """The code of the page's code cells, and its prose (everything else)."""
-    code, prose, inside = [], [], None
-    for line in source.splitlines():
-        if inside is None:
-            m = re.match(r"^(`{3,})\{code-cell\}", line)
-            if m:
-                inside, current = m.group(1), []
-                continue
-            prose.append(line)
-        elif line.strip() == inside:
-            code.append("\n".join(current))
-            inside = None
-        else:
-            current.append(line)
-    return code, "\n".join(prose)
+    lines = source.splitlines()
+    cells = [b for b in blocks(lines) if b.directive == "code-cell"]
+    inside = {k for b in cells for k in range(b.first, b.last + 1)}
+    prose = "\n".join(line for k, line in enumerate(lines) if k not in inside)
+    return ["\n".join(b.body) for b in cells], prose
 
 
 def glue_kinds(code_cells: list[str]) -> tuple[dict[str, str], list[str]]:

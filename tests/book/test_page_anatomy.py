@@ -7,6 +7,7 @@ checks; `python -m distlab.infra.page_anatomy _build/html` runs them on a local 
 
 import pytest
 
+from distlab.infra.myst import page_source
 from distlab.infra.page_anatomy import (
     ANATOMY_PAGES,
     check_page,
@@ -14,19 +15,13 @@ from distlab.infra.page_anatomy import (
     unfolded_source_lines,
     wide_code_lines,
 )
-from distlab.infra.paths import REPO_ROOT
-
-
-def source(page: str) -> str:
-    folder = REPO_ROOT if page.startswith("labs/") else REPO_ROOT / "book"
-    return (folder / f"{page}.md").read_text()
 
 
 @pytest.mark.parametrize("page", ANATOMY_PAGES)
 def test_page_follows_the_anatomy(page, built_book):
     _, build = built_book
     html = (build / "html" / f"{page}.html").read_text()
-    found = check_page(page, html, source(page))
+    found = check_page(page, html, page_source(page))
     assert not found.problems, "\n".join(found.problems)
 
 

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distlab.infra.paths import REPO_ROOT
+from distlab.infra.myst import blocks, body_lines, page_source
 
 # The pages rebuilt to the anatomy. A page joins when it is rebuilt, and then it stays.
 ANATOMY_PAGES = (
@@ -140,37 +140,23 @@ def lines_before_first_figure(html: str) -> int | None:
     return None
 
 
+# a block the reader sees only on asking: a dropdown, a removed or hidden cell
+FOLDED_BLOCK = (
+    r":class:.*\bdropdown\b",
+    r":tags:.*\b(remove-cell|remove-input|hide-input|hide-cell)\b",
+)
+
+
 def unfolded_source_lines(source: str) -> int:
     """Source lines of a MyST page outside folds: dropdown admonitions, removed or
     hidden cells (their code still runs), and the front matter."""
-    lines = source.splitlines()
-    if lines and lines[0].strip() == "---":
-        end = lines.index("---", 1)
-        lines = lines[end + 1 :]
-    count, i = 0, 0
-    while i < len(lines):
-        m = re.match(r"^(`{3,})\{([\w-]+)\}", lines[i])
-        if not m:
-            count += 1
-            i += 1
-            continue
-        fence = m.group(1)
-        j = i + 1
-        while j < len(lines) and lines[j].strip() != fence:
-            j += 1
-        block = lines[i : j + 1]
-        options = [x for x in block[1:] if x.startswith(":")]
-        folded = any(
-            re.match(r":class:.*\bdropdown\b", x)
-            or re.match(
-                r":tags:.*\b(remove-cell|remove-input|hide-input|hide-cell)\b", x
-            )
-            for x in options
-        )
-        if not folded:
-            count += len(block)
-        i = j + 1
-    return count
+    lines = body_lines(source)
+    folded = sum(
+        b.last - b.first + 1
+        for b in blocks(lines)
+        if any(b.has_option(pattern) for pattern in FOLDED_BLOCK)
+    )
+    return len(lines) - folded
 
 
 def check_page(page: str, html: str, source: str) -> Findings:
@@ -210,9 +196,8 @@ def check_page(page: str, html: str, source: str) -> Findings:
 def check_build(html_dir: Path, pages=ANATOMY_PAGES) -> list[Findings]:
     results = []
     for page in pages:
-        source = REPO_ROOT / ("" if page.startswith("labs/") else "book") / f"{page}.md"
         html = (Path(html_dir) / f"{page}.html").read_text()
-        results.append(check_page(page, html, source.read_text()))
+        results.append(check_page(page, html, page_source(page)))
     return results
 
 
@@ -228,8 +213,7 @@ def main(argv: list[str]) -> int:
             print("usage: page_anatomy PAGE_FILE.html PAGE (e.g. labs/lab2_ddp)")
             return 2
         page = argv[1]
-        source = REPO_ROOT / ("" if page.startswith("labs/") else "book") / f"{page}.md"
-        results = [check_page(page, where.read_text(), source.read_text())]
+        results = [check_page(page, where.read_text(), page_source(page))]
     else:
         results = check_build(where, argv[1:] or ANATOMY_PAGES)
     bad = 0

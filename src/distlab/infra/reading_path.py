@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from distlab.infra.myst import blocks, body_lines
 from distlab.infra.paths import REPO_ROOT
 
 WORDS_PER_MINUTE = 200
@@ -120,7 +121,6 @@ def page_title(source: str) -> str:
     return match.group(1).strip()
 
 
-_FENCE = re.compile(r"^(`{3,}|~{3,})\s*(\{([\w:-]+)\})?")
 _FOLDED_CELL = re.compile(r":tags:.*\b(remove-cell|hide-cell)\b")
 _DROPDOWN = re.compile(r":class:.*\bdropdown\b")
 # directives whose body is code shown to the reader
@@ -132,37 +132,29 @@ def reading_counts(source: str) -> tuple[int, int]:
     dropdowns and removed or hidden cells are skipped, a shown cell, an included
     file and a fenced code block count as one block each, and the body of any other
     directive (a note, a tab) is read as prose."""
-    lines = source.splitlines()
-    if lines and lines[0].strip() == "---":  # the front matter
-        lines = lines[lines.index("---", 1) + 1 :]
-    words = blocks = 0
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        m = _FENCE.match(line)
-        if not m:
-            i += 1
-            if line.lstrip().startswith(":::") or re.match(r"^\(.+\)=$", line):
-                continue  # a colon fence or a label: markup, not prose
-            words += sum(1 for w in line.split() if re.search(r"\w", w))
+    lines = body_lines(source)
+    found = blocks(lines)
+    inside = {k for b in found for k in range(b.first, b.last + 1)}
+    words = sum(
+        sum(1 for w in line.split() if re.search(r"\w", w))
+        for k, line in enumerate(lines)
+        # a colon fence or a label is markup, not prose
+        if k not in inside
+        and not line.lstrip().startswith(":::")
+        and not re.match(r"^\(.+\)=$", line)
+    )
+    shown = 0
+    for block in found:
+        if block.has_option(_FOLDED_CELL) or block.has_option(_DROPDOWN):
             continue
-        fence, directive = m.group(1), m.group(3)
-        j = i + 1
-        while j < len(lines) and lines[j].strip() != fence:
-            j += 1
-        body = lines[i + 1 : j]
-        options = [x for x in body if x.startswith(":")]
-        i = j + 1
-        if any(_FOLDED_CELL.match(x) or _DROPDOWN.match(x) for x in options):
-            continue
-        if directive is None or directive in _CODE_DIRECTIVES:
-            blocks += 1
+        if block.directive is None or block.directive in _CODE_DIRECTIVES:
+            shown += 1
             continue
         # another directive: its body is prose (its own nested blocks included)
-        inner = "\n".join(x for x in body if not x.startswith(":"))
+        inner = "\n".join(x for x in block.body if not x.startswith(":"))
         more_words, more_blocks = reading_counts(inner)
-        words, blocks = words + more_words, blocks + more_blocks
-    return words, blocks
+        words, shown = words + more_words, shown + more_blocks
+    return words, shown
 
 
 def reading_minutes(source: str) -> int:
