@@ -198,9 +198,21 @@ def shapes_demo(report: str, timeout_s: float, reread_debug_env: bool) -> dict:
             class_counts(labels)
             # a rank whose all-reduce "worked" while its peer's failed fails here
             dist.barrier()
+        _wait_for_every_rank("shapes_demo", timeout_s * 10)
         return {**seen, "error": failed.error, "waited_s": failed.waited_s}
     finally:
         dist.destroy_process_group()
+
+
+def _wait_for_every_rank(key: str, timeout_s: float) -> None:
+    """Meet on the store (not the group, which has failed) before leaving: a rank that
+    closed its group while its peer still waited would hand the peer "connection
+    closed" in place of its own timeout (seen on a loaded machine)."""
+    store = dist.distributed_c10d._get_default_store()
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout_s
+    while store.add(key, 0) < dist.get_world_size() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 # ---------------------------------------------------------------- monitored barrier
