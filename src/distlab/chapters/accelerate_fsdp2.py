@@ -340,3 +340,45 @@ def tour(envs: dict[str, dict[str, str]], checkpoint: str, save_root: str) -> di
         "configs": configs,
         "loading": {s: loading_row(first, checkpoint, s) for s in LOADING_SETUPS},
     }
+
+
+def _resident_bytes() -> int:
+    """This process's resident set, from /proc (Linux): the RAM its pages occupy."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _resident_steps(name: str) -> dict:
+    if name != "tiny":
+        _resident_steps("tiny")  # first use loads code and kernels: not the model's RAM
+    rss = [_resident_bytes()]
+    with torch.device("meta"):
+        model = GPT(preset(name), seed=SEED)
+    model.to_empty(device=CPU)  # what rank 1 holds under "empty": allocated, unwritten
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    rss.append(_resident_bytes())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(1.0)  # what reading the file would do: every page written
+    rss.append(_resident_bytes())
+    model.to("meta")  # what fsdp2_prepare_model does next: the storage is freed
+    rss.append(_resident_bytes())
+    return {
+        "model bytes": model_bytes,
+        "after to_empty": rss[1] - rss[0],
+        "after writing": rss[2] - rss[0],
+        "after to meta": rss[3] - rss[0],
+    }
+
+
+def resident_cost(name: str = "shakespeare") -> dict:
+    """What the uninitialised model of the "empty" setup costs in RAM: the growth of the
+    resident set (not PyTorch's allocation count) after ``to_empty``, after writing every
+    parameter, and after the move to ``meta``, in a fresh process so that no freed,
+    already-resident memory is reused."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+        return pool.submit(_resident_steps, name).result(timeout=120)
