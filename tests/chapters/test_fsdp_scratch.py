@@ -16,7 +16,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distlab.chapters.fsdp_scratch import VARIANTS, compare, gathered_bytes
+from distlab.chapters.fsdp_scratch import (
+    VARIANTS,
+    compare,
+    gathered_bytes,
+    shard_grad,
+    whole,
+)
 from distlab.data import token_data
 from distlab.exercises import check_bf16_unit, check_sgd_exposes_missing_division
 from distlab.infra.experiment import gpt, intra_op_threads, train
@@ -80,15 +86,15 @@ def shard_checks(global_batch: int, group=None) -> dict:
         # after backward no module points at freed memory
         "unset": model.wte.weight is None and model.blocks[0].mlp.fc.weight is None,
     }
-    out["grads"] = {}
+    out["grads"], out["rank"] = {}, rank
     for unit, (name, _, slots) in zip(fsdp.units, unit_parameters(reference, {Block})):
         flat = torch.cat(
             [p.grad.reshape(-1) for p in slots] + [torch.zeros(unit.padding)]
         )
-        expected = flat.chunk(n)[rank]
+        expected, ours = flat.chunk(n)[rank], shard_grad(unit)
         out["grads"][name] = {
-            "averaged": (unit.shard.grad - expected).abs().max().item(),
-            "summed": (unit.shard.grad * n - expected).abs().max().item(),
+            "averaged": (ours - expected).abs().max().item(),
+            "summed": (ours * n - expected).abs().max().item(),
             "largest": expected.abs().max().item(),
         }
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
@@ -101,8 +107,6 @@ def gpt_bf16_vs_fully_shard() -> float:
     """compute_dtype=bf16 against FSDP2's MixedPrecisionPolicy(bf16, reduce fp32): one
     step's largest relative gradient difference (the same bf16 kernels on the same
     bf16 weights)."""
-    from distlab.chapters.fsdp_scratch import reassembled_gradients
-
     rank, n = dist.get_rank(), dist.get_world_size()
     x, y = token_data().batch("train", 0, 8, 64, SEED, rank, n)
     reference, model = apply_fsdp(tiny_gpt(), param_dtype=torch.bfloat16), tiny_gpt()
@@ -114,17 +118,13 @@ def gpt_bf16_vs_fully_shard() -> float:
     )
     model(x, y)[1].backward()
     assert seen == [torch.bfloat16] and all(
-        u.shard.dtype == u.shard.grad.dtype == torch.float32 for u in fsdp.units
+        u.shard.dtype == p.grad.dtype == torch.float32
+        for u in fsdp.units
+        for p in u.pieces
     )
-    ours = reassembled_gradients(fsdp)
-    plain = tiny_gpt()  # its parameter order is FSDP2's; unit_parameters' order is ours
-    position = {p: i for i, p in enumerate(plain.parameters())}
-    want = [p.grad.full_tensor() for p in reference.parameters()]
-    order = [p for _, _, slots in unit_parameters(plain, {Block}) for p in slots]
-    return max(
-        ((g - want[position[p]]).norm() / want[position[p]].norm()).item()
-        for g, p in zip(ours, order)
-    )
+    ours = whole(fsdp)
+    want = {name: p.grad.full_tensor() for name, p in reference.named_parameters()}
+    return max(((ours[k] - w).norm() / w.norm()).item() for k, w in want.items())
 
 
 def everything_on_each_rank(steps: int, global_batch: int) -> dict:
@@ -139,8 +139,14 @@ def everything_on_each_rank(steps: int, global_batch: int) -> dict:
 
 
 def check_shards(checks: dict, nprocs: int, single_bytes: dict) -> None:
-    numels = unit_numels()
+    numels, rank = unit_numels(), checks["rank"]
     padded = {name: math.ceil(k / nprocs) * nprocs for name, k in numels.items()}
+    # this rank's real (not padding) elements of each unit
+    mine = {
+        name: min(max(k - rank * padded[name] // nprocs, 0), padded[name] // nprocs)
+        for name, k in numels.items()
+    }
+    n_tensors = len(list(tiny_gpt().parameters()))
     # the shard's gradient is the average of the ranks' gradients: the one-process
     # gradient's slice. A sum (no division by N) is N times too large and fails.
     for name, g in checks["grads"].items():
@@ -149,14 +155,16 @@ def check_shards(checks: dict, nprocs: int, single_bytes: dict) -> None:
             name,
             g,
         )
-    # each rank holds exactly 1/N of every padded unit: params, grads and both
-    # AdamW moments
-    shard_bytes = 4 * sum(padded.values()) // nprocs
+    # each rank holds exactly its slice of every unit (padding in no piece): params,
+    # grads and both AdamW moments
+    shard_bytes = 4 * sum(mine.values())
     state = checks["state_bytes"]
     assert state["params"] == state["grads"] == shard_bytes
-    # + a step count per shard
-    assert state["optimizer"] == 2 * shard_bytes + 4 * len(numels)
-    assert state["total"] <= single_bytes["total"] / nprocs + 16 * nprocs * len(numels)
+    # + a step count per piece: one per parameter tensor, as one process
+    assert state["optimizer"] == 2 * shard_bytes + 4 * n_tensors
+    assert state["total"] <= single_bytes["total"] / nprocs + 16 * len(numels) + 4 * (
+        n_tensors
+    )
     # ZeRO-3: when forward ends only the root (needed first by backward) is gathered;
     # during backward at most the root and one block; after backward nothing at all
     root, block = 4 * padded["root"], 4 * padded["blocks.0"]
@@ -166,13 +174,15 @@ def check_shards(checks: dict, nprocs: int, single_bytes: dict) -> None:
     # reshard_after_forward=False
     assert kept["end_of_forward"] == 4 * sum(padded.values())
     assert resharded["after_backward"] == kept["after_backward"] == 0
-    # no full copy survives wrapping: the model's parameters are the three shards
+    # no full copy survives wrapping: the model's parameters are the pieces, one per
+    # parameter of the unit, registered on the unit's module
+    *blocks, root = unit_parameters(tiny_gpt(), {Block})  # named_parameters: root 1st
     assert checks["layout"]["names"] == [
-        "flat_shard",
-        "blocks.0.flat_shard",
-        "blocks.1.flat_shard",
+        f"{'' if unit == 'root' else unit + '.'}shard_{i}"
+        for unit, _, slots in [root, *blocks]
+        for i in range(len(slots))
     ]
-    assert checks["layout"]["shard_numel"] == sum(padded.values()) // nprocs
+    assert checks["layout"]["shard_numel"] == sum(mine.values())
     assert checks["layout"]["tied"] and checks["layout"]["unset"]
 
 
@@ -235,9 +245,7 @@ class SummingUnit(FlatShardUnit):
         shard_grad = torch.empty_like(self.shard)
         # SUM, not divided by N
         dist.reduce_scatter_single(shard_grad, full.grad, group=self.group)
-        self.shard.grad = (
-            shard_grad if self.shard.grad is None else self.shard.grad + shard_grad
-        )
+        self.accumulate(shard_grad)
         full.grad = None
         self.free()
 
@@ -271,7 +279,7 @@ class Bf16ReduceUnitWithoutDivision(FlatShardUnit):
             self.shard.numel(), dtype=torch.bfloat16, device=self.shard.device
         )
         dist.reduce_scatter_single(shard_grad, full.grad, group=self.group)
-        self.shard.grad = shard_grad.float()
+        self.accumulate(shard_grad.float())
         full.grad = None
         self.free()
 

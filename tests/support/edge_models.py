@@ -195,3 +195,56 @@ def assert_same_grads(
                 torch.testing.assert_close(
                     a, b, rtol=1e-5, atol=atol, msg=f"{what} step {step} parameter {i}"
                 )
+
+
+# ---- more models for the from-scratch FSDP (test_fsdp_scratch_models.py)
+class ConvBN(nn.Module):
+    """A convolution, BatchNorm (running statistics: buffers, not sharded) and ReLU."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.norm = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return torch.relu(self.norm(self.conv(x)))
+
+
+class SmallCNN(nn.Module):
+    """(B, 3, 6, 6) -> (B, WIDTH): a stem, two ConvBN blocks, a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.blocks = nn.Sequential(ConvBN(8), ConvBN(8))
+        self.head = nn.Linear(8, WIDTH)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+
+
+class Twice(nn.Module):
+    """A block called twice in one forward: its parameters get two uses' gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh())
+        self.out = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        return self.out(self.block(self.block(x)))
+
+
+class FrozenAndUnused(nn.Module):
+    """In one module: a frozen weight (its bias trains), an unused layer and a scale
+    that a sharding wrapper may be told to ignore."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(WIDTH, 8), nn.Linear(8, WIDTH)
+        self.spare = nn.Linear(WIDTH, WIDTH)  # takes part in no forward
+        self.scale = nn.Parameter(torch.ones(WIDTH))
+        self.first.weight.requires_grad_(False)
+
+    def forward(self, x):
+        return self.scale * self.second(torch.tanh(self.first(x)))

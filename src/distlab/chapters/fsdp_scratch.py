@@ -101,16 +101,46 @@ class ConvNet(nn.Module):
 # --- end second model ---
 
 
-def reassembled_gradients(fsdp: ScratchFSDP) -> list[torch.Tensor]:
-    """Every parameter's whole gradient, all-gathered from the shards (fp32), in the
-    order of ``unit_parameters``: for comparing with one process or with FSDP2."""
-    n, grads = dist.get_world_size(fsdp.group), []
-    for unit in fsdp.units:
-        full = torch.empty(unit.shard.numel() * n, device=unit.shard.device)
-        dist.all_gather_single(full, unit.shard.grad.detach().float(), group=fsdp.group)
-        pieces = torch.split(full, unit.numels + [unit.padding])
-        grads += [g.view(shape) for g, shape in zip(pieces, unit.shapes)]
-    return grads
+def parameter_names(fsdp: ScratchFSDP) -> list[list[str]]:
+    """Per unit, its parameters' names in the unwrapped model (a tied parameter: its
+    first name, as ``named_parameters`` gives it)."""
+    module_name = {m: name for name, m in fsdp.model.named_modules()}
+    return [
+        [f"{module_name[m]}.{attr}".lstrip(".") for m, attr in (o[0] for o in u.owners)]
+        for u in fsdp.units
+    ]
+
+
+def shard_grad(unit) -> torch.Tensor:
+    """This rank's flat gradient of a unit, (padded / N,) fp32: its pieces' gradients
+    in place, zeros where a piece has none."""
+    flat = torch.zeros_like(unit.shard)
+    for piece, where in zip(unit.pieces, unit.slices):
+        if piece.grad is not None:
+            flat[where] = piece.grad
+    return flat
+
+
+def whole(fsdp: ScratchFSDP, grads: bool = True) -> dict[str, torch.Tensor | None]:
+    """Every parameter of the unwrapped model by name, all-gathered from the shards
+    (fp32): its gradient (None where its pieces got none: unused or frozen) or, with
+    ``grads=False``, its value. Ignored parameters as this rank holds them."""
+    n, group = dist.get_world_size(fsdp.group), fsdp.group
+    pieces = {id(p) for unit in fsdp.units for p in unit.pieces}
+    out = {
+        name: p.grad if grads else p.detach()
+        for name, p in fsdp.model.named_parameters()
+        if id(p) not in pieces
+    }
+    for unit, names in zip(fsdp.units, parameter_names(fsdp)):
+        flat = shard_grad(unit) if grads else unit.shard.detach()
+        full = torch.empty(flat.numel() * n, device=flat.device)
+        dist.all_gather_single(full, flat.float().contiguous(), group=group)
+        values = torch.split(full, unit.numels + [unit.padding])
+        for piece, value, shape, name in zip(unit.pieces, values, unit.shapes, names):
+            missing = grads and piece.grad is None
+            out[name] = None if missing else value.view(shape)
+    return out
 
 
 def _conv_batches(steps: int, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,6 +187,7 @@ def second_model(steps: int = 5, global_batch: int = 16, lr: float = 1e-2) -> di
             None,
             torch.bfloat16 if variant.endswith("bf16") else None,
         )
+        fsdp2 = variant.startswith("fully_shard")
         if variant.startswith("scratch"):
             fsdp = shard_model(model, {ConvBlock}, compute_dtype=dtype)
         elif variant.startswith("fully_shard"):
@@ -169,17 +200,14 @@ def second_model(steps: int = 5, global_batch: int = 16, lr: float = 1e-2) -> di
             loss = F.cross_entropy(model(x[rows]).float(), y[rows])
             loss.backward()
             if first_grads is None:
-                grads = (
-                    reassembled_gradients(fsdp)
+                first_grads = (
+                    whole(fsdp)
                     if fsdp
-                    else [
-                        p.grad.full_tensor()
-                        if hasattr(p.grad, "full_tensor")
-                        else p.grad
-                        for p in model.parameters()
-                    ]
+                    else {
+                        name: p.grad.full_tensor() if fsdp2 else p.grad
+                        for name, p in model.named_parameters()
+                    }
                 )
-                first_grads = [g.detach().float().clone() for g in grads]
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             total = loss.detach().clone()
@@ -189,21 +217,11 @@ def second_model(steps: int = 5, global_batch: int = 16, lr: float = 1e-2) -> di
                 total /= n
             losses.append(total.item())
         out[variant] = {"losses": losses, "grads": first_grads}
-    # the one-process model's parameter order, and unit_parameters' order, line up
-    # the gradients
-    reference = ConvNet()
-    order = [
-        p for _, _, slots in unit_parameters(reference, {ConvBlock}) for p in slots
-    ]
-    position = {p: i for i, p in enumerate(reference.parameters())}
-    want = [out["one process"]["grads"][position[p]] for p in order]
-    for variant, result in out.items():
+    want = out["one process"]["grads"]
+    for result in out.values():
         grads = result.pop("grads")
-        # one process and FSDP2: the module's own order
-        if not variant.startswith("scratch"):
-            grads = [grads[position[p]] for p in order]
         result["grad_rel_diff"] = max(
-            ((g - w).norm() / w.norm()).item() for g, w in zip(grads, want)
+            ((grads[k].float() - w).norm() / w.norm()).item() for k, w in want.items()
         )
     return out
 
@@ -274,3 +292,71 @@ def gathered_units(n_layer: int = 4) -> dict[str, list[tuple[str, dict[str, str]
         model(*idx)[1].backward()
         out[wrapper] = log
     return out
+
+
+def shard_gradients_vs_one_process() -> dict[str, dict[str, float]]:
+    """Per unit, the largest difference between this rank's shard gradient and its
+    slice of the one-process gradient of the same batch, averaged (ours) and summed
+    (forgot to divide), and the largest value of that slice."""
+    from distlab.data import token_data
+    from distlab.infra.experiment import gpt
+
+    data, rank, n = token_data(), dist.get_rank(), dist.get_world_size()
+    reference, model = gpt("tiny", 1337), gpt("tiny", 1337)
+    reference(*data.batch("train", 0, 16, 64, 1337))[1].backward()  # all 16 rows
+    fsdp = shard_model(model, {Block})
+    model(*data.batch("train", 0, 16, 64, 1337, rank, n))[1].backward()  # its 8
+    units = {}
+    for unit, (name, _, params) in zip(fsdp.units, unit_parameters(reference, {Block})):
+        flat = [p.grad.reshape(-1) for p in params] + [torch.zeros(unit.padding)]
+        expected, ours = torch.cat(flat).chunk(n)[rank], shard_grad(unit)
+        units[name] = {
+            "averaged": (ours - expected).abs().max().item(),
+            "summed": (n * ours - expected).abs().max().item(),
+            "largest": expected.abs().max().item(),
+        }
+    return units
+
+
+def gloo_reduce_scatter() -> dict:
+    """What a gloo reduce-scatter runs underneath, and whether it honours AVG."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    # rank r sends r + 1
+    grad, shard = torch.full((4 * n,), float(rank + 1)), torch.empty(4)
+    with torch.profiler.profile() as prof:
+        dist.reduce_scatter_single(shard, grad, op=dist.ReduceOp.AVG)
+    names = {e.name for e in prof.events()}
+    ops = sorted(name for name in names if name.startswith(("gloo:", "c10d::")))
+    return {"ops": ops, "avg": shard[0].item(), "expected_avg": (n + 1) / 2}
+
+
+def parameters_after_wrapping() -> dict[str, list[tuple]]:
+    """(name, type, global shape, this rank's shape) of the parameters each wrapper
+    leaves on the tiny GPT."""
+    from distlab.infra.experiment import gpt
+    from distlab.parallel import apply_fsdp
+
+    fsdp2, scratch = apply_fsdp(gpt("tiny", 1337)), gpt("tiny", 1337)
+    shard_model(scratch, {Block})
+    return {
+        "fully_shard": [
+            (name, type(p).__name__, tuple(p.shape), tuple(p.to_local().shape))
+            for name, p in fsdp2.named_parameters()
+        ],
+        "from scratch": [
+            (name, type(p).__name__, tuple(p.shape), tuple(p.shape))
+            for name, p in scratch.named_parameters()
+        ],
+    }
+
+
+def page_run(steps: int) -> dict:
+    """On every rank, everything the page shows, in one launch."""
+    return {
+        **compare(steps),  # losses, state bytes and (from scratch) last step's events
+        "grads": shard_gradients_vs_one_process(),
+        "gloo": gloo_reduce_scatter(),
+        "parameters": parameters_after_wrapping(),
+        "second": second_model(steps),  # a conv net: fp32 and bf16, ours and FSDP2's
+        "gathered": gathered_units(),  # which units are whole in each fwd and bwd
+    }

@@ -10,11 +10,12 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
+from distlab.chapters.fsdp_scratch import parameter_names, shard_grad
+from distlab.chapters.fsdp_scratch import whole as full_gradients
 from distlab.data import token_data
 from distlab.exercises._common import on_ranks, passed, rank_device, relative_difference
 from distlab.model import GPT, Block, GPTConfig, preset
 from distlab.scratch.fsdp import FlatShardUnit, shard_model
-from distlab.scratch.fsdp_units import unit_parameters
 
 ROWS_PER_RANK = 4
 # relative: float rounding between N ranks and one process (the chapter measures ~1e-7)
@@ -63,7 +64,7 @@ def _train(make_optimizer: Callable, unit_class: type | None, steps: int) -> dic
         loss.backward()
         # the first step's gradient, reassembled from the shards
         if grad_norm is None and sharded:
-            squares = sum(u.shard.grad.float().square().sum() for u in fsdp.units)
+            squares = sum(shard_grad(u).square().sum() for u in fsdp.units)
             dist.all_reduce(squares)
             grad_norm = squares.sqrt().item()
         optimizer.step()
@@ -140,24 +141,6 @@ def check_sgd_exposes_missing_division(
     )
 
 
-def _parameter_names_by_unit(model: torch.nn.Module) -> list[list[str]]:
-    """The names of each unit's parameters in the order the unit flattens them."""
-    module_name = {m: name for name, m in model.named_modules()}
-    # a tied parameter appears under one of its names
-    named = dict(model.named_parameters())
-    return [
-        [
-            next(
-                f"{module_name[m]}.{attr}".lstrip(".")
-                for m, attr in owners
-                if f"{module_name[m]}.{attr}".lstrip(".") in named
-            )
-            for owners in slots.values()
-        ]
-        for _, _, slots in unit_parameters(model, {Block})
-    ]
-
-
 def _reduced_dtypes(calls: list) -> Callable:
     """``dist.reduce_scatter_single``, noting the dtype of every input it is given."""
     real = dist.reduce_scatter_single
@@ -179,7 +162,6 @@ def _bf16_step_on_rank(unit_class: type) -> dict:
     x, y = _batches(1, n, cfg)[0].to(rank_device())
     mine = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
     reference = GPT(cfg, seed=1).to(rank_device())
-    names = _parameter_names_by_unit(reference)
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16
     )
@@ -197,26 +179,14 @@ def _bf16_step_on_rank(unit_class: type) -> dict:
         fsdp = _shard_with(model, cls, compute_dtype=torch.bfloat16)
         with mock.patch.object(dist, "reduce_scatter_single", _reduced_dtypes(reduced)):
             model(x[mine], y[mine])[1].backward()
-        units, whole[who] = [], {}
-        for unit, unit_names in zip(fsdp.units, names):
-            grad, entry = (
-                unit.shard.grad,
-                {"unit": unit.name, "shard": unit.shard.dtype, "worst": None},
-            )
-            entry["grad"] = None if grad is None else grad.dtype
-            # reassemble the whole flat gradient, then cut it into parameters
-            if grad is not None:
-                full = torch.empty(
-                    grad.numel() * n, dtype=torch.float32, device=grad.device
-                )
-                dist.all_gather_single(full, grad.detach().float().contiguous())
-                pieces = torch.split(full.cpu(), unit.numels + [unit.padding])
-                whole[who] |= {
-                    name: g.view(shape)
-                    for g, shape, name in zip(pieces, unit.shapes, unit_names)
-                }
+        units, whole[who] = [], full_gradients(fsdp)
+        for unit, unit_names in zip(fsdp.units, parameter_names(fsdp)):
+            grads = {p.grad.dtype if p.grad is not None else None for p in unit.pieces}
+            entry = {"unit": unit.name, "shard": unit.shard.dtype, "worst": None}
+            entry["grad"] = None if None in grads else grads.pop()
+            if entry["grad"] is not None:
                 entry["worst"] = max(
-                    (relative_difference(whole[who][name], want[name]), name)
+                    (relative_difference(whole[who][name].cpu(), want[name]), name)
                     for name in unit_names
                 )
             units.append(entry)
@@ -256,12 +226,12 @@ def _check_report(
         if u["grad"] is None:
             raise AssertionError(
                 f"{where}, {u['unit']}: the shard got no gradient; does "
-                "_post_backward set it?"
+                "_post_backward call self.accumulate(shard_grad)?"
             )
         if u["grad"] != torch.float32:
             raise AssertionError(
-                f"{where}, {u['unit']}: shard.grad is {u['grad']}; it must be "
-                "float32 (AdamW's state is fp32)"
+                f"{where}, {u['unit']}: the shard's gradient is {u['grad']}; it "
+                "must be float32 (AdamW's state is fp32)"
             )
         diff, name = u["worst"]
         if diff > tolerance:

@@ -13,7 +13,10 @@ Any ``nn.Module`` with a unit policy, a set of module classes, as FSDP2's users 
 (``fully_shard`` on every block, then on the model): every submodule of one of those
 classes is a unit, and the root unit holds the rest (``distlab.scratch.fsdp_units``). A
 unit's parameters become one padded flat fp32 tensor, of which a rank keeps its 1/N
-slice as an ``nn.Parameter``. The full flat tensor exists only while the unit computes:
+slice, registered as one ``nn.Parameter`` per original parameter (its piece of the
+slice). Frozen parameters make a unit of their own; unused ones keep ``grad=None``;
+``ignored_params`` are left alone. The full flat tensor exists only while the unit
+computes:
 
     forward:  all-gather -> forward -> free (units; the root keeps it for backward)
     backward: all-gather again (if freed) -> backward -> reduce-scatter the gradient
@@ -27,6 +30,7 @@ all-gather, each unit computes in bf16 (its floating-point inputs are cast, as F
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -58,11 +62,10 @@ class FlatShardUnit:
         self.name, self.owner, self.is_root = name, owner, module is owner.model
         self.group = owner.group
         rank, n = dist.get_rank(self.group), dist.get_world_size(self.group)
-        params = list(slots)
-        self.shapes, self.numels = (
-            [p.shape for p in params],
-            [p.numel() for p in params],
-        )
+        params = list(slots)  # all trainable, or all frozen (ScratchFSDP splits them)
+        self.trainable = params[0].requires_grad
+        self.shapes = [p.shape for p in params]
+        self.numels = [p.numel() for p in params]
         total = sum(self.numels)
         # so that N equal slices cover it
         self.padding = math.ceil(total / n) * n - total
@@ -70,21 +73,39 @@ class FlatShardUnit:
             [p.detach().reshape(-1).float() for p in params]
             + [params[0].new_zeros(self.padding, dtype=torch.float32)]
         )  # (padded,) fp32 whatever the model's dtype: the master weights
-        # this rank's slice is the only lasting copy: the optimizer sees nothing else
-        self.shard = nn.Parameter(flat.chunk(n)[rank].clone())  # (padded / N,)
-        module.register_parameter("flat_shard", self.shard)
+        # this rank's slice is the only lasting copy (padded / N,)
+        self.shard = flat.chunk(n)[rank].clone()
+        # the optimizer sees one Parameter per original parameter: the piece of it
+        # that falls in this rank's slice (maybe empty), a view of the shard
+        size, ends = self.shard.numel(), [0, *itertools.accumulate(self.numels)]
+        lo = rank * size  # parameter i spans ends[i]:ends[i + 1] of the flat tensor
+
+        def here(i):  # a flat index, clipped to this rank's slice, in shard indices
+            return min(max(i - lo, 0), size)
+
+        self.slices = [slice(here(a), here(b)) for a, b in zip(ends, ends[1:])]
+        self.pieces = [
+            nn.Parameter(self.shard[s], requires_grad=self.trainable)
+            for s in self.slices
+        ]
+        for i, piece in enumerate(self.pieces):  # shard_0, ... (frozen_0, ...)
+            module.register_parameter(
+                f"{'shard' if self.trainable else 'frozen'}_{i}", piece
+            )
         # the full flat tensor, in the compute dtype: a leaf whose .grad collects the
         # unit's whole gradient; it keeps its shape for good, its storage only while
         # gathered (padded,)
-        self.full = flat.to(owner.compute_dtype or flat.dtype).requires_grad_(True)
-        self.owners = list(slots.values())
+        self.full = flat.to(owner.compute_dtype or flat.dtype)
+        self.full.requires_grad_(self.trainable)
+        self.owners, self.used = list(slots.values()), set()
         for owners in self.owners:  # drop the originals: no full copy survives wrapping
             for m, attr in owners:
                 del m._parameters[attr]
         self.free()
         module.register_forward_pre_hook(self._pre_forward, with_kwargs=True)
         module.register_forward_hook(self._post_forward)
-        self.full.register_post_accumulate_grad_hook(self._post_backward)
+        if self.trainable:
+            self.full.register_post_accumulate_grad_hook(self._post_backward)
 
     # --- end shard ---
 
@@ -135,7 +156,11 @@ class FlatShardUnit:
         # fresh views each forward, made with autograd on: their gradients flow
         # into full
         views = torch.split(self.full, self.numels + [self.padding])
-        self._point_modules_at([v.view(shape) for v, shape in zip(views, self.shapes)])
+        tensors = [v.view(shape) for v, shape in zip(views, self.shapes)]
+        for i, t in enumerate(tensors):
+            if t.requires_grad:  # a gradient reaching it marks parameter i used
+                t.register_hook(lambda grad, i=i: self.used.add(i))
+        self._point_modules_at(tensors)
         self.forward_start = time.perf_counter()
         dtype = self.owner.compute_dtype
         if dtype is None:
@@ -174,6 +199,9 @@ class FlatShardUnit:
     def _pre_backward(self, grad) -> None:
         self.gather()
         self.backward_start = time.perf_counter()
+        # frozen: no gradient, so no post-backward hook; free when backward ends
+        if not self.trainable:
+            torch.autograd.Variable._execution_engine.queue_callback(self.free)
 
     # --- end gather ---
 
@@ -193,13 +221,19 @@ class FlatShardUnit:
             shard_grad, grad, op=dist.ReduceOp.SUM, group=self.group
         )
         shard_grad.div_(n)
-        if self.shard.grad is None:
-            self.shard.grad = shard_grad
-        else:  # gradient accumulation over micro-batches
-            self.shard.grad += shard_grad
+        self.accumulate(shard_grad)
         full.grad = None  # the full gradient goes too
         self._record("reduce-scatter", start)
         self.free()
+
+    def accumulate(self, shard_grad: torch.Tensor) -> None:
+        """Give each used parameter's piece its slice of ``shard_grad``; an unused one
+        keeps ``grad=None``, as in one process, and AdamW skips it."""
+        for i in sorted(self.used):
+            piece, grad = self.pieces[i], shard_grad[self.slices[i]]
+            # += : gradient accumulation over micro-batches
+            piece.grad = grad if piece.grad is None else piece.grad + grad
+        self.used.clear()
 
     # --- end reduce ---
 
@@ -217,6 +251,7 @@ class ScratchFSDP:
         group: dist.ProcessGroup | None = None,
         compute_dtype: torch.dtype | None = None,
         unit_class: type[FlatShardUnit] = FlatShardUnit,
+        ignored_params: set[nn.Parameter] = frozenset(),
     ):
         if compute_dtype is not None and not compute_dtype.is_floating_point:
             raise ValueError(
@@ -229,9 +264,14 @@ class ScratchFSDP:
             trace,
         )
         self.group, self.compute_dtype, self.units = group, compute_dtype, []
-        # all found before any is sharded
-        for name, module, slots in unit_parameters(model, units):
-            self.units.append(unit_class(name, module, slots, self))
+        # all found before any is sharded; ignored parameters stay as they are
+        for name, module, slots in unit_parameters(model, units, ignored_params):
+            # frozen parameters: a unit of their own, gathered, never reduced
+            for trainable in (True, False):
+                mine = {p: o for p, o in slots.items() if p.requires_grad == trainable}
+                if mine:
+                    unit_name = name if trainable else f"{name} (frozen)"
+                    self.units.append(unit_class(unit_name, module, mine, self))
 
     def gathered_bytes(self) -> int:
         """Bytes this rank holds right now in full (gathered) flat parameters."""
@@ -247,6 +287,7 @@ def shard_model(
     group: dist.ProcessGroup | None = None,
     compute_dtype: torch.dtype | None = None,
     unit_class: type[FlatShardUnit] = FlatShardUnit,
+    ignored_params: set[nn.Parameter] = frozenset(),
 ) -> ScratchFSDP:
     """Shard ``model`` in place (call on every rank of ``group``, all holding the
     same weights).
@@ -254,8 +295,16 @@ def shard_model(
     ``units``: the unit policy, module classes (``{Block}``); every submodule of one of
     them is a unit, the rest goes to the root. ``compute_dtype``: compute in it (bf16),
     keep fp32 shards and reduce in fp32. ``unit_class``: a ``FlatShardUnit`` subclass to
-    build the units with.
+    build the units with. ``ignored_params``: left whole on every rank and not
+    reduced, as FSDP2's ``fully_shard(..., ignored_params=...)``.
     """
     return ScratchFSDP(
-        model, units, reshard_after_forward, trace, group, compute_dtype, unit_class
+        model,
+        units,
+        reshard_after_forward,
+        trace,
+        group,
+        compute_dtype,
+        unit_class,
+        ignored_params,
     )

@@ -34,15 +34,16 @@ def _check_policy(units) -> tuple[type, ...]:
     return classes
 
 
-def unit_parameters(model: nn.Module, units) -> list[tuple[str, nn.Module, Slots]]:
+def unit_parameters(
+    model: nn.Module, units, ignored: set[nn.Parameter] = frozenset()
+) -> list[tuple[str, nn.Module, Slots]]:
     """``[(name, module, {parameter: [(owner, attribute), ...]})]``: the units in the
     order ``model.named_modules()`` meets them, then the root (named ``"root"``).
 
     A tied parameter (``lm_head.weight is wte.weight``) is one key with two owners, so
     it is stored, gathered and reduced once; it must not be shared by two units. A unit
-    without parameters of its own is left out. The same traversal on an unwrapped copy
-    of the model gives the same order, which is how the tests line a shard up with
-    a reference.
+    without parameters of its own is left out, and so are the ``ignored`` parameters.
+    The same traversal on an unwrapped copy of the model gives the same order.
     """
     classes = _check_policy(units)
     # module -> the unit that owns its parameters
@@ -64,15 +65,8 @@ def unit_parameters(model: nn.Module, units) -> list[tuple[str, nn.Module, Slots
     unit_of: dict[nn.Parameter, nn.Module] = {}
     for module, unit in owner_unit.items():
         for attr, p in module._parameters.items():
-            if p is None:
+            if p is None or p in ignored:
                 continue
-            if not p.requires_grad:
-                raise ValueError(
-                    f"{names[unit]}: a frozen parameter ({attr} of "
-                    f"{type(module).__name__}): the from-scratch "
-                    "FSDP flattens a unit into one trained tensor; unfreeze it "
-                    "or leave it out of the model"
-                )
             if unit_of.setdefault(p, unit) is not unit:
                 raise ValueError(
                     f"a parameter ({attr} of {type(module).__name__}) is shared "
