@@ -1,25 +1,9 @@
-"""Look inside FSDP2 on our GPT: shards, collectives, dtypes, memory and speed,
-per rank.
+"""Look inside FSDP2 on our GPT, per rank (``book/fsdp2.md``, ``distlab.bench.fsdp``).
 
-Every function here runs on each rank of a process group (through
-``distlab.infra.launch.run_ranks``) and returns plain Python data for the FSDP2 chapter
-and ``distlab.bench.fsdp``:
-
-    # each parameter's global and local shape
-    run_ranks(shard_table, nprocs=2)
-    # FSDP2's own profiler ranges, one step
-    run_ranks(step_trace, nprocs=2, args=("tiny",))
-    # which units stay whole; collectives counted
-    run_ranks(resharding, nprocs=2)
-    # the dtype each op ran in under the policy
-    run_ranks(op_dtypes, nprocs=2)
-    # the pitfall: a model stitched from two builds
-    run_ranks(different_seeds, nprocs=2)
-    # losses, bytes per rank, tokens/s
-    run_ranks(train, nprocs=2, args=("fsdp2",))
-
-Strategies (``STRATEGIES``, names from ``distlab.infra.experiment``): ``single``,
-``ddp``, ``fsdp2``, ``fsdp2-no-reshard``, ``fsdp2-bf16`` and ``hsdp``.
+Each function runs on every rank of a group (``run_ranks(f, nprocs=2)``) and returns
+plain data: shard shapes, FSDP2's profiler ranges, units kept whole and collectives
+counted, op dtypes, the stitched-weights pitfall, eval and sampling, and training
+(losses, bytes per rank, tokens/s) under ``STRATEGIES``.
 """
 
 from __future__ import annotations
@@ -37,14 +21,14 @@ from distlab.memory import memory_tracker, tracker_snapshot
 from distlab.model import GPT
 from distlab.parallel import apply_fsdp, check_same_weights
 from distlab.runtime import dist_env, pick_device, rank_world
+from distlab.tools.collective_bytes import CollectiveBytes
 from distlab.tools.dtypes import OpDtypes
 
 STRATEGIES = ("single", "ddp", "fsdp2", "fsdp2-no-reshard", "fsdp2-bf16", "hsdp")
 
 
 def shard_table(preset_name: str = "tiny", strategy: str = "fsdp2") -> list[dict]:
-    """For each parameter: its name, global shape, this rank's local shape
-    and placements."""
+    """Each parameter's name, global and local (this rank's) shape, placements."""
     model = build(strategy, preset_name).model
     return [
         {
@@ -66,10 +50,8 @@ def train(
     lr: float = 1e-3,
     track_peak: bool = False,
 ) -> dict:
-    """``experiment.train``: global mean losses, step times, ``state_bytes`` per rank
-    (counted from the tensors after the first step); and ``peak``: with ``track_peak``,
-    the peak bytes PyTorch's memory tracker saw during the last step, by kind
-    (else None)."""
+    """``experiment.train`` (losses, step times, ``state_bytes`` per rank) and, with
+    ``track_peak``, the ``peak`` bytes by kind of the last step (else None)."""
     peak: dict[str, int] = {}
 
     def track_the_last_step(exp, step):
@@ -101,34 +83,8 @@ def _peak_bytes(model, optimizer, into: dict):
     into.update({str(kind): int(n) for kind, n in peak.items()})
 
 
-def step_trace(
-    preset_name: str = "tiny", reshard_after_forward: bool = True, global_batch: int = 8
-) -> list:
-    """One training step under the profiler: FSDP2's named ranges and the backend's
-    collectives ("gloo:...", "nccl:..."), (name, start, end) in ms from the step's
-    start, for the timeline."""
-    from torch.profiler import ProfilerActivity, profile
-
-    exp = build(
-        "fsdp2" if reshard_after_forward else "fsdp2-no-reshard",
-        preset_name,
-        global_batch,
-    )
-    exp.backward(exp.loss(0))  # warm-up: the first step also builds FSDP2's lazy state
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        exp.backward(exp.loss(0))
-    events = sorted(prof.events(), key=lambda e: e.time_range.start)
-    t0 = events[0].time_range.start
-    return [
-        (e.name, (e.time_range.start - t0) / 1e3, (e.time_range.end - t0) / 1e3)
-        for e in events
-        if e.name.startswith(("FSDP::", "gloo:", "nccl:"))
-    ]
-
-
 def _batch(model: GPT, rows_per_rank: int, device: torch.device, step: int = 0):
-    """This rank's ``rows_per_rank`` rows of the global batch of ``step`` (seed 0),
-    on ``device``."""
+    """This rank's ``rows_per_rank`` rows of the global batch of ``step``."""
     rank, world_size = rank_world()
     T = model.config.block_size
     return token_data().batch(
@@ -144,13 +100,13 @@ COLLECTIVES = {
 
 
 def resharding(
-    blocks: bool = True, root: bool | None = False, preset_name: str = "tiny"
+    blocks: bool | str = True, root: bool | None = False, preset_name: str = "tiny"
 ) -> dict:
-    """``fully_shard`` with ``reshard_after_forward=blocks`` on each block and ``root``
-    on the root (None: left unset). Returns which units hold whole parameters right
-    after forward, their bytes, and the all-gathers and reduce-scatters of one step's
-    forward and backward, counted by torch's ``CommDebugMode`` (the step after a
-    warm-up step)."""
+    """``fully_shard`` with ``reshard_after_forward=blocks`` on each block ("all but
+    last": the last block False) and ``root`` on the root (None: left unset). Returns
+    which units hold whole parameters right after forward, their bytes, and the
+    all-gathers and reduce-scatters of one step's forward and backward, counted by
+    torch's ``CommDebugMode`` (the step after a warm-up step)."""
     import warnings
 
     from torch.distributed.fsdp import fully_shard
@@ -158,8 +114,11 @@ def resharding(
 
     device = pick_device("auto", dist_env()[1])
     model = gpt(preset_name).to(device)
-    for block in model.blocks:
-        fully_shard(block, reshard_after_forward=blocks)
+    last = len(model.blocks) - 1
+    for i, block in enumerate(model.blocks):
+        # "all but last": torchtitan's default, the last block kept whole
+        keep = blocks == "all but last" and i == last
+        fully_shard(block, reshard_after_forward=bool(blocks) and not keep)
     fully_shard(model, **({} if root is None else {"reshard_after_forward": root}))
     x, y = _batch(model, 2, device)
     # warm-up: FSDP2 decides which unit is the root on the first forward
@@ -169,8 +128,7 @@ def resharding(
         warnings.simplefilter("ignore")
         with CommDebugMode() as forward:
             loss = model(x, y)[1]
-        # a unit that kept its parameters whole shows plain tensors now, not
-        # DTensor shards
+        # a unit kept whole shows plain tensors now, not DTensor shards
         whole = {}
         for name, p in model.named_parameters():
             unit = (
@@ -191,8 +149,8 @@ def resharding(
 
 
 def _note(into: dict, key: str, pick: Callable) -> Callable:
-    """A module hook that notes ``pick(*hook arguments)`` under ``key`` once and changes
-    nothing (a hook that returns a value replaces the module's inputs or output)."""
+    """A module hook that notes ``pick(*hook arguments)`` under ``key`` once and
+    returns None (a returned value would replace the module's inputs or output)."""
 
     def hook(*args) -> None:
         into.setdefault(key, pick(*args))
@@ -339,10 +297,8 @@ def meta_init_equals_plain(preset_name: str = "tiny", seed: int = 7) -> float:
 
 
 def gradient_check(preset_name: str = "tiny", global_batch: int = 16) -> float:
-    """Largest |FSDP2 shard gradient - the same slice of the single-process gradient|.
-
-    The pitfall this guards: gradients must be *averaged* over ranks. A sum would be N
-    times too large and this difference as large as the gradients themselves."""
+    """Largest |FSDP2 gradient - single-process gradient|: a sum over ranks instead of
+    the average would make it as large as the gradients themselves."""
     plain = build("single", preset_name, global_batch)
     plain.backward(plain.loss(0))  # the whole batch in this process
     sharded = build("fsdp2", preset_name, global_batch)
@@ -392,3 +348,31 @@ def different_seeds(preset_name: str = "tiny", steps: int = 3) -> dict:
         "losses": losses,
         "caught": caught,
     }
+
+
+def outside_training(preset_name: str = "tiny", new_tokens: int = 4) -> dict:
+    """Eval and sampling on the sharded model, run by every rank: is the root whole
+    after a no-grad forward and after ``reshard()``; the all-gathers of ``generate``;
+    are its tokens the plain model's."""
+    device = pick_device("auto", dist_env()[1])
+    plain, model = gpt(preset_name).to(device), gpt(preset_name).to(device)
+    apply_fsdp(model)
+    x, y = _batch(model, 2, device)
+
+    def root_whole() -> bool:  # whole: a plain tensor, not a DTensor shard
+        return not hasattr(model.wte.weight, "to_local")
+
+    with torch.no_grad():
+        model(x, y)  # an evaluation step
+        seen = {"root whole after eval": root_whole()}
+        model.reshard()  # frees the root's whole parameters (not recursive)
+        seen["after reshard()"] = root_whole()
+        prompt, tokens = x[:1, :4], {}
+        for name, m in (("sharded", model), ("plain", plain)):
+            gen = torch.Generator(device).manual_seed(0)
+            with CollectiveBytes() as comm:
+                tokens[name] = m.generate(prompt, new_tokens, 0.01, gen)
+            if name == "sharded":
+                seen["generate all-gathers"] = comm.counts().get("all-gather", 0)
+    seen["same tokens"] = torch.equal(tokens["sharded"], tokens["plain"])
+    return seen
