@@ -5,13 +5,15 @@ time and peak memory.
     # a GPU of compute capability 8.9+
     python -m distlab.bench.float8 --preset gpt2 --batch-size 8 --steps 300
 
-GPU only: float8 matmuls (``torch._scaled_mm``) need an Ada or Hopper GPU, and torchao
-(not a dependency of the book: install it beside your torch). One process, FSDP2 on a
-group of one. Both runs are the labs' FSDP2 recipe (``apply_compile``, then
-``apply_fsdp`` with bf16 parameters and fp32 reduction); the float8 run first swaps
-every ``nn.Linear`` whose two dims divide by 16 for torchao's ``Float8Linear``
-(tensorwise scaling), with ``enable_fsdp_float8_all_gather`` and, after each optimizer
-step, ``precompute_float8_dynamic_scale_for_fsdp``.
+GPU only: float8 matmuls (``torch._scaled_mm``) need compute capability 8.9 or newer
+(Ada, Hopper, Blackwell; ``PLATFORM_SUPPORTS_FP8`` in torch's ``common_cuda.py`` is
+``SM90OrLater or == (8, 9)``), and torchao (not a dependency of the book: install it
+beside your torch). One process, FSDP2 on a group of one. Both runs are the labs'
+FSDP2 recipe (``apply_compile``, then ``apply_fsdp`` with bf16 parameters and fp32
+reduction); the float8 run first swaps every ``nn.Linear`` whose two dims divide by 16
+for torchao's ``Float8Linear`` (tensorwise scaling), with
+``enable_fsdp_float8_all_gather`` and, after each optimizer step,
+``precompute_float8_dynamic_scale_for_fsdp``.
 
 The bytes: with one rank FSDP2 skips the collective itself (``world_size == 1`` in
 ``_fsdp_param_group.py``), so they are read where FSDP2 builds each all-gather's input,

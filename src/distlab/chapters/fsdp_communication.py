@@ -4,16 +4,18 @@ Every function runs on each rank of a process group
 (``distlab.infra.launch.run_ranks``), on the tiny GPT, and returns plain data for
 ``book/fsdp_communication.md``:
 
-    # one step of each VARIANT: collectives, bytes, socket bytes
+    # one step of each VARIANT (and DTYPE_VARIANT): the collectives of each phase
     run_ranks(volumes, nprocs=4)
     # 4 micro-batches under each FSDP2 switch (SWITCHES)
     run_ranks(switches, nprocs=4)
-    # both, in one launch (the page and the tests)
+    # both, in one launch (the page)
     run_ranks(measure, nprocs=4)
 
 The collectives are counted by ``distlab.tools.collective_bytes.CollectiveBytes`` (the
-tensor bytes each c10d op was handed, and its group), and what the rank really wrote to
-its sockets is read from ``/proc/self/io`` around the same step.
+tensor bytes each c10d op was handed, and the ranks of its group), one counter per
+phase (forward, backward, optimizer step), and what the rank really wrote to its
+sockets is read from ``/proc/self/io`` around the same step. The figures are drawn from
+those counts by ``distlab.tools.who_sends``.
 """
 
 from __future__ import annotations
@@ -24,23 +26,49 @@ import torch.distributed as dist
 from distlab.data import token_data
 from distlab.infra.experiment import gpt
 from distlab.runtime import rank_world
-from distlab.tools.collective_bytes import CollectiveBytes, socket_bytes_written
+from distlab.tools.collective_bytes import (
+    RING_FACTOR,
+    CollectiveBytes,
+    socket_bytes_written,
+)
 
-# name -> (what it is); every one is built by _wrap on 4 ranks
+# name -> FSDP2's reshard_after_forward (None: not FSDP2); every one is built by _wrap
+# on 4 ranks. The names label the figures; a name's "(...)" is its second line.
 VARIANTS = {
-    "ddp": "DDP: all-reduce of the gradients",
-    "zero1": "DDP + ZeroRedundancyOptimizer (ZeRO-1)",
-    "fsdp2 reshard=True": (
-        "fully_shard(reshard_after_forward=True) on every unit, the root included"
-    ),
-    "fsdp2 reshard=False": (
-        "fully_shard(reshard_after_forward=False): kept gathered to backward"
-    ),
-    "fsdp2 reshard=2": (
-        "fully_shard(reshard_after_forward=2): resharded to groups of 2 after forward"
-    ),
-    "hsdp (2, 2)": "fully_shard(mesh=(replicate 2, shard 2))",
+    "DDP": None,  # all-reduce of the gradients
+    "ZeRO-1 (torch)": None,  # DDP + ZeroRedundancyOptimizer
+    "ZeRO-2-like (FSDP2 False)": False,  # whole parameters kept to backward
+    "ZeRO-3 (FSDP2 True)": True,  # resharded after forward, gathered again
+    "FSDP2 2 (groups of 2)": 2,  # resharded to groups of 2 after forward
+    "HSDP (2x2 mesh)": True,  # mesh (replicate 2, shard 2)
 }
+# FSDP2 True with a MixedPrecisionPolicy: (param_dtype, reduce_dtype)
+DTYPE_VARIANTS = {
+    "bf16 params, fp32 reduce": (torch.bfloat16, torch.float32),
+    "bf16 params, bf16 reduce": (torch.bfloat16, torch.bfloat16),
+}
+PHASES = ("forward", "backward", "step")
+
+
+# --- begin textbook ---
+def textbook_psi(variant: str, n: int) -> float:
+    """What the textbook says each rank sends per step, in Psi (the parameters'
+    bytes), on a ring of n ranks: a gather or a scatter moves (n-1)/n of its tensor,
+    an all-reduce twice that (it is a reduce-scatter, then an all-gather)."""
+    ag, ar = RING_FACTOR["all-gather"], RING_FACTOR["all-reduce"]
+    return {
+        "DDP": ar(n),  # the paper's 2 Psi
+        "ZeRO-1 (torch)": ar(n),  # the paper: as DDP
+        "ZeRO-2-like (FSDP2 False)": 2 * ag(n),  # gather, then reduce-scatter
+        "ZeRO-3 (FSDP2 True)": 3 * ag(n),  # the paper's 3 Psi: gather again
+        "FSDP2 2 (groups of 2)": 2 * ag(n) + ag(2),  # backward gathers by 2
+        # (2, 2): gathers and scatters in a shard group of 2, then an all-reduce of
+        # the half-size shard across the 2 replicas
+        "HSDP (2x2 mesh)": 3 * ag(2) + ar(2) / 2,
+    }[variant]
+
+
+# --- end textbook ---
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:
@@ -52,33 +80,34 @@ def parameter_bytes(model: torch.nn.Module) -> int:
 def _mesh(variant: str):
     from torch.distributed.device_mesh import init_device_mesh
 
-    if variant.startswith("hsdp"):
+    if variant.startswith("HSDP"):
         return init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     return init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("shard",))
 
 
 # --- begin variants ---
 def _wrap(variant: str, model: torch.nn.Module):
-    """(the module to call, its optimizer) for one of VARIANTS."""
-    from torch.distributed.fsdp import fully_shard
+    """(the module to call, its optimizer) for one of VARIANTS or DTYPE_VARIANTS."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    if variant == "ddp":
+    if variant == "DDP":
         return DDP(model), torch.optim.AdamW(model.parameters(), lr=1e-3)
     # gradients all-reduced by DDP; each rank steps its slice, then broadcasts it
-    if variant == "zero1":
+    if variant == "ZeRO-1 (torch)":
         return DDP(model), ZeroRedundancyOptimizer(
             model.parameters(), torch.optim.AdamW, lr=1e-3
         )
-    reshard = {"reshard=True": True, "reshard=False": False, "reshard=2": 2}.get(
-        variant.split()[-1], True
-    )
+    reshard = VARIANTS.get(variant, True)  # DTYPE_VARIANTS: resharded
+    param_dtype, reduce_dtype = DTYPE_VARIANTS.get(variant, (None, None))
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    kwargs = dict(mesh=_mesh(variant), reshard_after_forward=reshard, mp_policy=policy)
     for block in model.blocks:
-        fully_shard(block, mesh=_mesh(variant), reshard_after_forward=reshard)
+        fully_shard(block, **kwargs)
     # the root too, explicitly: left unset it would stay gathered (False) whatever its
     # blocks do
-    fully_shard(model, mesh=_mesh(variant), reshard_after_forward=reshard)
+    fully_shard(model, **kwargs)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
@@ -98,13 +127,26 @@ def _batch(model, step: int, micro: int = 0):
     )
 
 
+def _one_step(wrapped, optimizer, x, y) -> dict[str, CollectiveBytes]:
+    """One training step, its collectives counted phase by phase."""
+    # --- begin count ---
+    with CollectiveBytes() as forward:
+        loss = wrapped(x, y)[1]
+    with CollectiveBytes() as backward:
+        loss.backward()  # DDP's Reducer, FSDP2's hooks: same thread on the CPU
+    with CollectiveBytes() as step:
+        optimizer.step()  # ZeRO-1's broadcasts
+    # --- end count ---
+    return {"forward": forward, "backward": backward, "step": step}
+
+
 def volumes() -> dict[str, dict]:
-    """For each of VARIANTS, one training step (forward, backward, optimizer step) after
-    two warm-up steps (DDP rebuilds its buckets in the second, broadcasting their order
-    once): collectives by kind (count, tensor bytes, ring bytes sent), the bytes this
-    rank's process wrote meanwhile (``socket_bytes_written``), and Psi."""
+    """For each of VARIANTS and DTYPE_VARIANTS, one training step after two warm-up
+    steps (DDP rebuilds its buckets in the second, broadcasting their order once): the
+    ``Call``s of each phase, the bytes this rank's process wrote meanwhile
+    (``socket_bytes_written``), and Psi."""
     results = {}
-    for variant in VARIANTS:
+    for variant in [*VARIANTS, *DTYPE_VARIANTS]:
         model = gpt("tiny")
         psi = parameter_bytes(model)
         wrapped, optimizer = _wrap(variant, model)
@@ -112,20 +154,15 @@ def volumes() -> dict[str, dict]:
             x, y = _batch(model, step)
             dist.barrier()  # the socket window holds this step's traffic only
             written = socket_bytes_written()
-            with CollectiveBytes() as counted:
-                wrapped(x, y)[1].backward()
-                optimizer.step()
+            phases = _one_step(wrapped, optimizer, x, y)
             dist.barrier()
             written = socket_bytes_written() - written
             optimizer.zero_grad(set_to_none=True)
         results[variant] = {
             "psi": psi,
-            "counts": counted.counts(),
-            "tensor_bytes": counted.tensor_bytes(),
-            "ring_bytes": counted.ring_bytes_sent(),
-            "group_sizes": sorted({(c.kind, c.group_size) for c in counted.calls}),
+            "phases": {name: c.calls for name, c in phases.items()},
             "socket_bytes": written,
-            "unknown": counted.unknown,
+            "unknown": [u for c in phases.values() for u in c.unknown],
         }
     return results
 
@@ -222,7 +259,7 @@ def switches() -> dict[str, dict]:
     results = {}
     for name, (mesh_kind, flags) in SWITCHES.items():
         model = gpt("tiny")
-        mesh = _mesh("hsdp" if mesh_kind == "2-D" else "fsdp2")
+        mesh = _mesh("HSDP" if mesh_kind == "2-D" else "FSDP2")
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)

@@ -4,7 +4,7 @@ really wrote.
     with CollectiveBytes() as counted:
         # DDP's C++ Reducer, FSDP2's hooks, ZeRO's broadcasts
         loss.backward()
-    # [Call("reduce-scatter", tensor_bytes, group_size), ...]
+    # [Call("reduce-scatter", tensor_bytes, group_size, ranks), ...]
     counted.calls
     # what each rank sends on a ring (NCCL's algorithm)
     counted.ring_bytes_sent()
@@ -35,6 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # --- begin ops ---
@@ -65,12 +66,22 @@ class Call:
     kind: str  # "all-gather", "reduce-scatter", "all-reduce", "broadcast"
     tensor_bytes: int  # S: the bytes of the tensor(s) the op was handed (see C10D_OPS)
     group_size: int  # N: the ranks of the process group it ran on
+    # the global ranks of that group, in group order: whom this rank sends to
+    ranks: tuple[int, ...] = ()
 
 
 def _nbytes(tensors) -> int:
     if isinstance(tensors, torch.Tensor):
         return tensors.numel() * tensors.element_size()
     return sum(_nbytes(t) for t in tensors)
+
+
+def _group_ranks(group) -> tuple[int, ...]:
+    """The global ranks of a c10d group, or () for a group c10d does not list."""
+    try:
+        return tuple(dist.get_process_group_ranks(group))
+    except (KeyError, ValueError, RuntimeError):
+        return ()
 
 
 class CollectiveBytes(TorchDispatchMode):
@@ -89,7 +100,8 @@ class CollectiveBytes(TorchDispatchMode):
             if name in C10D_OPS:
                 kind, tensor_arg, group_arg = C10D_OPS[name]
                 group = torch._C._distributed_c10d.ProcessGroup.unbox(args[group_arg])
-                self.calls.append(Call(kind, _nbytes(args[tensor_arg]), group.size()))
+                size = _nbytes(args[tensor_arg])
+                self.calls.append(Call(kind, size, group.size(), _group_ranks(group)))
             else:
                 self.unknown.append(name)
         return func(*args, **(kwargs or {}))
