@@ -18,7 +18,8 @@ holds only the gathered units and activations: the H2D copies of the shards befo
 all-gather, the D2H copies of the gradients and AdamW on the CPU are what a step pays
 for that. Each variant reports the median step time (after ``--warmup`` steps), the peak
 GPU memory of the timed steps (``torch.cuda.max_memory_allocated``), the GPU memory held
-between steps, and its losses. Results go to ``--out`` (default on a GPU
+between steps (after ``zero_grad(set_to_none=True)``: parameters and optimizer state, no
+gradients), and its losses. Results go to ``--out`` (default on a GPU
 ``results/fsdp_offload_bench.json``; the CPU run writes only where ``--out`` says) with
 their provenance; ``book/fsdp_prefetch_offload.md`` reads the GPU result."""
 
@@ -113,7 +114,9 @@ def run(
                     row["peak_gpu_bytes"] = (
                         None if peak is None else max(row["peak_gpu_bytes"] or 0, peak)
                     )
-            # the model state left on the GPU
+            # read after zero_grad(set_to_none=True): no gradients are left, only
+            # the fp32 parameters and AdamW's two moments (12 bytes a parameter)
+            # when they live on the GPU
             row["gpu_bytes_between_steps"] = gpu_bytes(device)
             row["step_s_median"] = statistics.median(row["step_s"])
             rows.append(row)

@@ -3,14 +3,15 @@
 
     # every prefetch setting's timeline, and the offload tour, one launch
     ranks = run_ranks(measure, nprocs=2)
-    # gathered bytes operator by operator, one panel per setting
-    timeline_figure(ranks[0]["prefetch"])
+    # gathered bytes operator by operator: a panel per setting, for a stepper
+    setting_views(ranks[0]["prefetch"])
 
 ``prefetch_timelines`` runs one forward and backward of a 6-block tiny GPT under each of
 SETTINGS, recorded by ``distlab.tools.fsdp_timeline.GatheredTimeline``. ``offload``
 shards the tiny GPT with and without ``CPUOffloadPolicy`` and says where every state
 lives, what a step issues and costs. The GPU cost of offloading is a benchmark: ``python
--m distlab.bench.fsdp_offload``.
+-m distlab.bench.fsdp_offload``, read by ``offload_bench`` and drawn by
+``offload_bench_figure``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from distlab.parallel import apply_fsdp
 from distlab.runtime import rank_world
 from distlab.tools.collective_bytes import CollectiveBytes
 from distlab.tools.fsdp_timeline import GatheredTimeline, fsdp_units, gather_leads, peak
+from distlab.tools.label_row import label_row
 
 N_LAYER = 6  # blocks: enough for a prefetch of 2 to differ from one of 1
 
@@ -195,18 +197,11 @@ def offload(steps: int = 8) -> dict:
     optimizers = {
         name: torch.optim.AdamW(m.parameters(), lr=1e-3) for name, m in runs.items()
     }
+    batch, block = token_data().batch, runs["no offload"].config.block_size
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     losses: dict[str, list[float]] = {name: [] for name in runs}
     for step in range(steps):
-        x, y = token_data().batch(
-            "train",
-            step,
-            2 * world,
-            runs["no offload"].config.block_size,
-            0,
-            rank,
-            world,
-        )
+        x, y = batch("train", step, 2 * world, block, 0, rank, world)
         # in turns, so drift in the machine's speed hits both alike
         for name, model in runs.items():
             with _OpCount() as ops, CollectiveBytes() as comms:
@@ -242,66 +237,164 @@ def measure() -> dict:
     return {"prefetch": prefetch_timelines(), "offload": offload()}
 
 
-def timeline_figure(prefetch: dict[str, dict], names: list[str]):
-    """One panel per setting: whole parameters and all-gather buffers held after each
-    operator, in blocks' worth; a mark per all-gather (green: issued while another unit
-    computed, a prefetch)."""
+# slider names for SETTINGS, in order: short enough for a phone
+SHORT = (
+    "default",
+    "no reshard",
+    "1 ahead",
+    "2 ahead",
+    "2 ahead, no reshard",
+    "async root",
+)
+BLUE, ORANGE, GREEN = "#3b6ea5", "#e39b4c", "#2a9d4b"
+GREY, PURPLE = "#777777", "#7b3fa0"
+
+
+def _panel(ax, t: dict, title: str, font: float, top: float = 8) -> None:
+    """One setting: whole parameters and all-gather buffers held after each operator,
+    in blocks' worth. Leaves room above it for ``_gather_labels``."""
+    block, n = t["block_bytes"], len(t["whole"])
+    ax.stackplot(
+        range(n),
+        [w / block for w in t["whole"]],
+        [b / block for b in t["buffers"]],
+        colors=[BLUE, ORANGE],
+        labels=["whole parameters", "all-gather buffers"],
+        step="post",
+    )
+    ax.axvline(t["backward_from"], color="black", lw=0.8, ls="--")
+    ax.set_xlim(-0.02 * n, 1.02 * n)
+    above_root = (t["peak"]["bytes"] - t["root_bytes"]) / block
+    ax.set_title(
+        f"{title}: root + {above_root:.0f} blocks at most",
+        fontsize=font - 1,
+        loc="left",
+        pad=2.2 * font,
+    )
+    ax.set_ylim(0, top)
+    ax.set_yticks(range(0, int(top) + 1, 2))
+    # forward and backward, named under their halves instead of operator numbers
+    ax.set_xticks(
+        [t["backward_from"] / 2, (t["backward_from"] + n) / 2], ["forward", "backward"]
+    )
+    ax.tick_params(labelsize=font, length=0)
+
+
+def _gather_labels(ax, t: dict, font: float) -> None:
+    """Above ``_panel``'s axes, once laid out: a label per all-gather at the operator
+    that issued it (``r`` the root, digits the blocks; green a prefetch, grey its own
+    pre-forward, purple ``unshard()``), forward's left of the dashed line."""
+    gathers = t["gathers"]
+    colors = [
+        PURPLE if g["issued by"] == "unshard()" else GREEN if g["lead"] else GREY
+        for g in gathers
+    ]
+    label_row(
+        ax,
+        [g["index"] for g in gathers],
+        [g["unit"].removeprefix("blocks.").replace("root", "r") for g in gathers],
+        colors,
+        [c != GREY for c in colors],
+        font,
+        split=t["backward_from"],
+    )
+
+
+def setting_figure(t: dict, title: str):
+    """One setting's panel, large enough for a phone: the views of the page's
+    stepper."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(
-        len(names), 1, figsize=(10, 1.55 * len(names)), sharey=True
-    )
-    for ax, name in zip(axes, names):
-        t = prefetch[name]
-        block = t["block_bytes"]
-        x = range(len(t["whole"]))
-        ax.stackplot(
-            x,
-            [w / block for w in t["whole"]],
-            [b / block for b in t["buffers"]],
-            colors=["#3b6ea5", "#e39b4c"],
-            labels=["whole parameters", "all-gather buffers"],
-            step="post",
-        )
-        ax.axvline(t["backward_from"], color="black", lw=0.8, ls="--")
-        for g in t["gathers"]:
-            label = "r" if g["unit"] == "root" else g["unit"].removeprefix("blocks.")
-            color = (
-                "#7b3fa0"
-                if g["issued by"] == "unshard()"
-                else "#2a9d4b"
-                if g["lead"]
-                else "#777777"
-            )
-            ax.text(
-                g["index"],
-                7.6,
-                label,
-                ha="center",
-                va="center",
-                fontsize=7,
-                color=color,
-                fontweight="normal" if color == "#777777" else "bold",
-            )
-        above_root = (t["peak"]["bytes"] - t["root_bytes"]) / block
-        ax.set_title(
-            f"{name}: at most the root and {above_root:.2f} blocks' worth",
-            fontsize=8.5,
-            loc="left",
-        )
-        ax.set_ylim(0, 8.2)
-        ax.set_xlim(-12, len(t["whole"]))  # room for a label at the first operator
-        ax.tick_params(labelsize=7)
+    fig, ax = plt.subplots(figsize=(6, 4.4))
+    _panel(ax, t, title, font=16)
+    ax.set_ylabel("held (blocks)", fontsize=16)
+    ax.set_xlabel("operators of one step, rank 0", fontsize=15)
     fig.legend(
-        *axes[0].get_legend_handles_labels(), loc="upper right", fontsize=7, ncol=2
+        *ax.get_legend_handles_labels(),
+        loc="lower center",
+        ncol=2,
+        fontsize=14,
+        frameon=False,
+        handlelength=1,
+        columnspacing=1,
     )
-    axes[-1].set_xlabel(
-        "operators of one forward (left of the dashed line) and backward, rank 0",
-        fontsize=8,
-    )
-    fig.supylabel(
-        f"held, in blocks ({prefetch[names[0]]['block_bytes'] / 1024:.0f} KiB each)",
-        fontsize=8,
-    )
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    _gather_labels(ax, t, 16)
+    return fig
+
+
+def setting_views(prefetch: dict[str, dict]) -> list:
+    """A figure per setting, in SETTINGS order, for ``distlab.infra.stepper``."""
+    return [
+        setting_figure(prefetch[name], short) for name, short in zip(SETTINGS, SHORT)
+    ]
+
+
+def timeline_figure(prefetch: dict[str, dict], names: list[str]):
+    """All the settings' panels, one under the other, for comparing them."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.9 * len(names)), sharey=True)
+    for ax, name in zip(axes, names):
+        _panel(ax, prefetch[name], name, font=9)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper right", ncol=2)
+    axes[-1].set_xlabel("operators of one step, rank 0")
+    fig.supylabel("held, in blocks")
     fig.tight_layout(rect=(0, 0, 1, 0.985))
+    for ax, name in zip(axes, names):
+        _gather_labels(ax, prefetch[name], 9)
+    return fig
+
+
+def offload_bench(bench: dict) -> dict:
+    """The recorded GPU offload benchmark, read: per (dtype, offload) its median step
+    (ms), its GPU bytes between steps and at the peak; and the 12 bytes per parameter
+    (fp32 weights, AdamW's two moments) that offloading takes off the GPU."""
+    runs = {(r["dtype"], r["offload"]): r for r in bench["runs"]}
+    return {
+        "runs": runs,
+        "params": bench["settings"]["parameters"],
+        "moved": 12 * bench["settings"]["parameters"],
+        "drop": {
+            dtype: runs[(dtype, False)]["gpu_bytes_between_steps"]
+            - runs[(dtype, True)]["gpu_bytes_between_steps"]
+            for dtype in bench["settings"]["dtypes"]
+        },
+    }
+
+
+def offload_bench_figure(bench: dict):
+    """The recorded GPU benchmark: step time, and GPU memory between steps and at
+    the peak, without and with CPUOffloadPolicy, per dtype."""
+    import matplotlib.pyplot as plt
+
+    runs = offload_bench(bench)["runs"]
+    dtypes = bench["settings"]["dtypes"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    width = 0.38
+    for k, (offload, color) in enumerate(((False, BLUE), (True, ORANGE))):
+        label = "CPUOffloadPolicy" if offload else "no offload"
+        xs = [i + (k - 0.5) * width for i in range(len(dtypes))]
+        steps = [runs[(d, offload)]["step_s"] for d in dtypes]
+        med = [1e3 * runs[(d, offload)]["step_s_median"] for d in dtypes]
+        spread = [
+            [m - 1e3 * min(s) for m, s in zip(med, steps)],
+            [1e3 * max(s) - m for m, s in zip(med, steps)],
+        ]
+        left.bar(xs, med, width, color=color, label=label, yerr=spread, capsize=3)
+        between = [
+            runs[(d, offload)]["gpu_bytes_between_steps"] / 2**30 for d in dtypes
+        ]
+        top = [runs[(d, offload)]["peak_gpu_bytes"] / 2**30 for d in dtypes]
+        right.bar(xs, top, width, color=color, alpha=0.35)
+        right.bar(xs, between, width, color=color, label=label)
+    for ax, title in (
+        (left, "step (ms): median, min-max"),
+        (right, "GPU GiB: between steps (solid), peak (pale)"),
+    ):
+        ax.set_xticks(range(len(dtypes)), dtypes, fontsize=11)
+        ax.set_title(title, fontsize=11, loc="left")
+        ax.tick_params(labelsize=10)
+    left.legend(fontsize=10, frameon=False)
+    fig.tight_layout()
     return fig
