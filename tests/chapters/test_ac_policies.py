@@ -153,3 +153,24 @@ def test_bench_smoke_path(tmp_path):
     assert (tmp_path / "bench.json").exists() and result["provenance"][
         "command"
     ].endswith("--smoke --out " + str(tmp_path / "bench.json"))
+
+
+def test_recompute_counts_sorts_forward_operators_by_kind():
+    from distlab.tools.ac_policy_figures import recompute_counts
+
+    ops = {
+        "addmm": 6,
+        "mm": 2,
+        "_scaled_dot_product_flash_attention_for_cpu": 2,
+        "_scaled_dot_product_flash_attention_for_cpu_backward": 2,
+        "native_layer_norm": 4,
+        "native_layer_norm_backward": 4,
+        "gelu": 2,
+        "view": 10,
+    }
+    assert recompute_counts(ops, blocks=2) == {
+        "matmul": 4,
+        "attention": 1,
+        "LayerNorm": 2,
+        "GELU": 1,
+    }

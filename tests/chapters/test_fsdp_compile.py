@@ -50,3 +50,32 @@ def test_bench_smoke_path(tmp_path):
 def test_the_checker_wants_a_function():
     with pytest.raises(ValueError, match="must be a function"):
         check_parallelize("apply_compile")
+
+
+def _bench(ac: str, gpu: str) -> dict:
+    run = {"variant": "eager", "median_step_s": 1.0}
+    settings = {"preset": "tiny", "batch_size": 2, "ac": ac, "dtype": "bf16"}
+    return {
+        "provenance": {"settings": settings, "gpu_names": [gpu], "machine": gpu},
+        "runs": [run, {**run, "variant": "compiled (inductor)"}],
+        "comparison": {"speedup": 1.0},
+    }
+
+
+def test_compute_share_counts_the_recompute_and_knows_its_peaks():
+    """The page reads results/fsdp_compile_bench_large.json when it exists: a run on a
+    GPU without a datasheet row gives no MFU rather than a wrong one."""
+    from distlab.data import token_data
+    from distlab.flops import flops_per_token
+    from distlab.model import preset
+    from distlab.tools.fsdp_compile_figures import compute_share
+
+    cfg = preset("tiny", vocab_size=token_data().vocab_size)
+    plain = compute_share(_bench("none", "NVIDIA H100 80GB HBM3"))
+    assert plain["step_flops"] == flops_per_token(cfg) * 2 * cfg.block_size
+    assert plain["peak"] == ("H100 SXM", 989.5e12)
+    assert (
+        compute_share(_bench("full", "X"))["step_flops"] == plain["step_flops"] * 4 / 3
+    )
+    unknown = compute_share(_bench("full", "Some GPU"))
+    assert unknown["peak"] is None and unknown["runs"][0]["mfu"] is None

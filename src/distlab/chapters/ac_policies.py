@@ -2,18 +2,18 @@
 the compiler's memory budget; bytes kept and work recomputed, measured.
 
 * ``every_other_matmul_context``: torchtitan's op-level selective policy (save every
-  other
-  matrix product and every attention output), written for this book's model;
+  other matrix product and every attention output), written for this book's model;
 * ``BackwardWork``: a dispatch mode that counts the operators run during backward and
-  the
-  FLOPs of the matrix products and attention kernels among them: what a policy makes the
-  backward pass recompute;
+  the FLOPs of the matrix products and attention kernels among them: what a policy
+  makes the backward pass recompute;
 * ``policy_costs``: bytes kept (``MemTracker``), work recomputed and gradients, per
   policy;
 * ``offload_traffic``: what ``save_on_cpu`` and ``tools.offload.HostOffload`` pack and
   copy;
 * ``budget_sweep``: ``torch._functorch.config.activation_memory_budget`` on one compiled
-  block.
+  block;
+* ``checkpoint_offload_packs``: what ``offload_wrapper(checkpoint_wrapper(block))``
+  moves to the host.
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ ATTENTION = frozenset(SAVE_MATMULS_AND_ATTENTION) - MATMULS
 # --- begin every other matmul ---
 def every_other_matmul_context():
     """``context_fn`` for ``checkpoint_wrapper``: keep every attention output and the
-    1st, 3rd,
-    ... matrix product of each checkpointed call; recompute everything else.
+    1st, 3rd, ... matrix product of each checkpointed call; recompute everything else.
 
     The count must start again at each call, so the counter is made here, in the
     ``context_fn`` that checkpoint calls once per forward of a wrapped block (as
@@ -356,3 +355,35 @@ def budget_sweep(
         )
     torch._dynamo.reset()
     return rows
+
+
+def checkpoint_offload_packs(preset_name: str = "tiny", batch: int = 8) -> list:
+    """Shapes of the tensors that ``offload_wrapper(checkpoint_wrapper(block))`` moves
+    to the host in one forward pass: its ``save_on_cpu(pin_memory=True)`` sees only what
+    the checkpointed block saves, the block's input (the checkpoint's own hooks take
+    every tensor saved inside the block)."""
+    from unittest import mock
+
+    import torch.distributed.algorithms._checkpoint.checkpoint_wrapper as cw
+
+    cfg = preset(preset_name)
+    model = build(preset_name)
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = cw.offload_wrapper(cw.checkpoint_wrapper(block))
+    shapes = []
+
+    class Counted(cw.save_on_cpu):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            inner = self.pack_hook
+
+            def pack(t):
+                shapes.append(tuple(t.shape))
+                return inner(t)
+
+            self.pack_hook = pack
+
+    idx = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size))
+    with mock.patch.object(cw, "save_on_cpu", Counted):
+        model(idx, idx)[1].backward()
+    return shapes

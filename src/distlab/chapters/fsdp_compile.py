@@ -103,6 +103,7 @@ def _has_checkpoint(gm: torch.fx.GraphModule) -> bool:
 
 
 # --- begin orders ---
+# --- begin labs steps ---
 def checkpoint(model: GPT, backend) -> GPT:
     # each block becomes its CheckpointWrapper
     return apply_activation_checkpointing(model)
@@ -113,15 +114,18 @@ def compile_blocks(model: GPT, backend) -> GPT:
     return apply_compile(model, backend=backend)
 
 
+def shard(model: GPT, backend) -> GPT:
+    apply_fsdp(model)  # fully_shard on each block, then on the root
+    return model
+
+
+# --- end labs steps ---
+
+
 def compile_blocks_replacing(model: GPT, backend) -> GPT:
     # torchtitan's apply_compile: an OptimizedModule per block
     for i, block in enumerate(model.blocks):
         model.blocks[i] = torch.compile(block, backend=backend, fullgraph=True)
-    return model
-
-
-def shard(model: GPT, backend) -> GPT:
-    apply_fsdp(model)  # fully_shard on each block, then on the root
     return model
 
 
@@ -203,6 +207,7 @@ def train_with(apply: Callable[[GPT, Recorder], nn.Module], steps: int = STEPS) 
     rank and report the losses, the graphs the backend was handed, the graph breaks and
     the keys."""
     from torch._dynamo.utils import counters
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
     from torch.distributed.fsdp import FSDPModule
 
     torch._dynamo.reset()  # forget the graphs of the previous order
@@ -233,6 +238,8 @@ def train_with(apply: Callable[[GPT, Recorder], nn.Module], steps: int = STEPS) 
         }
     breaks = {**counters["graph_break"], **counters["unimplemented"]}
     keys = list(model.state_dict())
+    # what DCP saves (TrainingState, parallel.full_state_dict): no `_orig_mod.`
+    dcp_keys = list(get_model_state_dict(model))
     return {
         "losses": losses,
         "first_step_s": seconds[0],
@@ -245,9 +252,12 @@ def train_with(apply: Callable[[GPT, Recorder], nn.Module], steps: int = STEPS) 
         ),
         "entries": compiled_code_entries(),
         "fsdp_units": sum(isinstance(m, FSDPModule) for m in model.modules()),
-        # as checkpoints name it
+        # as model.state_dict() and torch.save name it
         "first_key": next(k for k in keys if k.startswith("blocks.0.")),
         "keys_as_plain_model": keys == plain_keys,
+        # as DCP's get_model_state_dict names it
+        "dcp_first_key": next(k for k in dcp_keys if k.startswith("blocks.0.")),
+        "dcp_keys_as_plain_model": sorted(dcp_keys) == sorted(plain_keys),
     }
 
 

@@ -21,8 +21,8 @@ def check_parallelize(parallelize: Callable) -> None:
     each block with ``backend``, shards each block and the root with FSDP2, and returns
     the model. Trained two steps (FSDP2 on a group of one rank: the graphs are the same
     on any number of ranks), it must compile one graph with the checkpoint inside, break
-    no graph, keep the plain model's state-dict keys, and give eager FSDP2's
-    losses exactly."""
+    no graph, keep the plain model's checkpoint keys (DCP's ``get_model_state_dict``,
+    which drops ``_orig_mod.``), and give eager FSDP2's losses exactly."""
     require_callable(
         parallelize, "parallelize", "def parallelize(model, backend): ...; return model"
     )
@@ -61,10 +61,10 @@ def judge(got: dict, eager: dict) -> None:
         )
     if got["graph_breaks"]:
         raise AssertionError(f"graph breaks: {got['graph_breaks']}")
-    if not got["keys_as_plain_model"]:
+    if not got["dcp_keys_as_plain_model"]:
         raise AssertionError(
-            f"the state-dict keys changed (e.g. {got['first_key']!r}): compile "
-            "in place, block.compile(backend=...)"
+            f"the checkpoint keys changed (e.g. {got['dcp_first_key']!r}): "
+            "get_model_state_dict must name the parameters as the plain model does"
         )
     if got["losses"] != eager["losses"]:
         raise AssertionError(
