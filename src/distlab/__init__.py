@@ -26,7 +26,7 @@ lab's diff changes.
 
 Around it, one subpackage per role:
 
-    scratch/    the mechanisms rebuilt by hand (collectives, data_parallel, ddp, fsdp,
+    scratch/    the mechanisms rebuilt by hand (collectives, data_parallel, ddp, fsdp, zero1,
                 a halving-doubling all-reduce, SyncBatchNorm, DistributedSampler's
                 deal), each tested equal to PyTorch's own, with the pictures and
                 stepping widgets drawn from them
@@ -40,7 +40,14 @@ Around it, one subpackage per role:
                 bucket firing order, an exact distributed evaluation, a straggler
                 detector, and the planner
                 (``python -m distlab.tools.plan``: memory and step time of a run from
-                model shapes, GPUs and networks, and published runs)
+                model shapes, GPUs and networks, and published runs); and the pictures
+                the sharding and checkpointing pages draw from real objects and runs:
+                what each rank holds (``memory_figures``, ``fsdp_holdings``,
+                ``fsdp2_views``, ``sharded_load``, ``fsdp_labs``), who sends what to
+                whom (``who_sends``), the prefetch timeline's labels (``label_row``),
+                the recompute timeline and policies (``ac_timeline``, ``ac_figures``,
+                ``ac_policy_figures``), and compile's orders and GPU share
+                (``fsdp_compile_figures``)
     bench/      the benchmarks (``python -m distlab.bench``,
                 ``python -m distlab.bench.ddp``, ...), the lab scripts as the labs
                 benchmark runs them (``lab_scripts``) and the recorded results'

@@ -1,10 +1,10 @@
-"""The ZeRO memory chapter's experiments: the calculator
-(``distlab.tools.memory_calculator``) checked against the ZeRO paper's Table 1, against
-bytes counted on real DDP and FSDP2 ranks, and against activations saved with and
-without checkpointing; and the page's figures.
+"""The ZeRO memory chapter's experiments: ZeRO-1 from scratch
+(``distlab.scratch.zero1``) against torch's ``ZeroRedundancyOptimizer`` and one
+process; the calculator (``distlab.tools.memory_calculator``) against bytes counted on
+real DDP and FSDP2 ranks, what FSDP2 gathers during a step, and activations saved with
+and without checkpointing. The figures are in ``distlab.tools.memory_figures``.
 
-    # every cell: ours, printed, how they agree
-    paper_table_1()
+    run_ranks(zero1_gpt, nprocs=2)  # losses, parameters, owners, bytes per rank
     measured = {n: run_ranks(measure_one_step, nprocs=n) for n in (2, 4)}
     # counted == exact prediction, vs the calculator
     measured_rows(measured)
@@ -22,141 +22,23 @@ from distlab.chapters.activation_checkpointing import checkpoint_blocks
 from distlab.memory import activation_peak_bytes, saved_activation_bytes, state_bytes
 from distlab.model import GPT, GPTConfig, parameter_formula, preset
 from distlab.tools.memory_calculator import (
-    GB,
     GPT2_SMALL,
     activation_bytes,
-    estimate,
     gathered_params,
     per_rank_bytes,
 )
-from distlab.tools.memory_checks import (
-    PAPER_DP,
-    PAPER_TABLE_1,
-    agrees_with_print,
+from distlab.tools.memory_checks import (  # noqa: F401 (paper_table_1: for the page)
+    allocated_state_bytes,
     exact_adamw_state_bytes,
+    paper_table_1,
 )
+from distlab.tools.memory_figures import reduction  # noqa: F401 (for the page)
 
-# the paper's stage -> the calculator's strategy
-STAGE_NAMES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 # the strategies measure_one_step runs, in the project's names
 MEASURED = ("ddp", "fsdp2", "fsdp2-bf16")
 
 
-def paper_table_1() -> list[dict]:
-    """Each cell of the paper's Table 1 (bf16 mixed precision, AdamW) as the calculator
-    computes it, next to the printed value and how the two agree ("rounded", "truncated"
-    or None)."""
-    rows = []
-    for psi, stages in PAPER_TABLE_1.items():
-        for stage, printed in stages.items():
-            for n, cell in zip(PAPER_DP, printed.split()):
-                ours = (
-                    per_rank_bytes(psi, n, "bf16_mixed", "adamw", STAGE_NAMES[stage])[
-                        "total"
-                    ]
-                    / GB
-                )
-                rows.append(
-                    {
-                        "psi": psi,
-                        "stage": stage,
-                        "ranks": n,
-                        "ours_gb": ours,
-                        "printed": cell,
-                        "agrees": agrees_with_print(ours, cell),
-                    }
-                )
-    return rows
-
-
-def reduction(strategy: str, n: int, dtype: str) -> float:
-    """Model-state bytes per rank under DDP over those under ``strategy`` on ``n``
-    ranks (AdamW)."""
-    return (
-        per_rank_bytes(1.0, 1, dtype)["total"]
-        / per_rank_bytes(1.0, n, dtype, "adamw", strategy)["total"]
-    )
-
-
-def stages_figure(psi: float = 7.5e9, ns: list[int] | None = None):
-    """Left: GB per rank against N for each stage. Right: each stage's reduction against
-    DDP, in bf16 mixed precision (K = 12) and fp32."""
-    import matplotlib.pyplot as plt
-
-    ns = ns or [2**i for i in range(11)]
-    colors = ["#888", "#3b6ea5", "#6c9bd2", "#e39b4c"]
-    names = ["DDP", "ZeRO-1 (P_os)", "ZeRO-2 (P_os+g)", "ZeRO-3 (P_os+g+p)"]
-    fig, (ax_bytes, ax_red) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for stage, strategy in STAGE_NAMES.items():
-        gb = [
-            per_rank_bytes(psi, n, "bf16_mixed", "adamw", strategy)["total"] / GB
-            for n in ns
-        ]
-        ax_bytes.plot(ns, gb, marker="o", ms=3, color=colors[stage], label=names[stage])
-    ax_bytes.set(
-        yscale="log",
-        ylabel="GB per rank",
-        title=f"{psi / 1e9:g}B parameters, bf16 mixed, AdamW",
-    )
-    ax_bytes.axhline(32, color="k", lw=0.6, ls=":")
-    ax_bytes.text(2**7, 36, "32 GB (V100)", fontsize=8)
-    ax_bytes.legend(fontsize=8)
-    for stage in (1, 2, 3):
-        for dtype, style, marker in (("bf16_mixed", "-", None), ("fp32", "--", "x")):
-            if stage == 3 and dtype == "fp32":
-                continue  # the same line, N, for any precision
-            label = names[stage] + (
-                "" if stage == 3 else ", K=12" if dtype == "bf16_mixed" else ", fp32"
-            )
-            values = [reduction(STAGE_NAMES[stage], n, dtype) for n in ns]
-            ax_red.plot(
-                ns, values, style, marker=marker, ms=4, color=colors[stage], label=label
-            )
-    for limit in (2, 4, 8):
-        ax_red.axhline(limit, color="k", lw=0.5, ls=":")
-        ax_red.text(1.05, limit + 0.2, f"{limit}x", fontsize=8)
-    ax_red.set(
-        ylim=(0, 12), ylabel="reduction vs DDP", title="model-state reduction per rank"
-    )
-    ax_red.legend(fontsize=7, loc="upper right")
-    for ax in (ax_bytes, ax_red):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("ranks N")
-    fig.tight_layout()
-    return fig
-
-
 # --- begin measure ---
-def allocated_state_bytes(
-    model: nn.Module, optimizer: torch.optim.Optimizer
-) -> dict[str, int]:
-    """Like ``state_bytes``, but the bytes of the storages behind the tensors, each
-    counted once."""
-
-    def storage_bytes(tensors) -> int:
-        local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
-        return sum(
-            {
-                t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in local
-            }.values()
-        )
-
-    params = list(model.parameters())
-    out = {
-        "params": storage_bytes(params),
-        "grads": storage_bytes(p.grad for p in params if p.grad is not None),
-        "optimizer": storage_bytes(
-            v
-            for s in optimizer.state.values()
-            for v in s.values()
-            if torch.is_tensor(v)
-        ),
-    }
-    out["total"] = out["params"] + out["grads"] + out["optimizer"]
-    return out
-
-
 def measure_one_step(
     preset_name: str = "tiny", global_batch: int = 8, seed: int = 0
 ) -> dict:
@@ -286,9 +168,11 @@ def peak_rows(
 def fsdp2_gathered(n_layer: int = 4, global_batch: int = 4) -> dict[str, dict]:
     """Run on every rank: a GPT of ``n_layer`` tiny blocks under FSDP2 (``apply_fsdp``),
     with and without resharding after forward. In the middle of every block's forward
-    and backward, the bytes this rank holds in gathered parameters: unsharded units, and
-    all-gathers already done for a unit that has not started (a prefetch). Their most,
-    and the calculator's, by the calculator's strategy name ("zero3",
+    and backward, the bytes this rank holds in gathered parameters: unsharded units,
+    all-gathers already done for a unit that has not started (a prefetch), and the
+    all-gather buffer kept in forward until the next unit's copy-out
+    (``comm_ctx.all_gather_state``, on any device). Their most in forward, in
+    backward, and the calculator's, by its strategy name ("zero3",
     "fsdp2_no_reshard")."""
     from distlab.data import token_data
     from distlab.parallel import apply_fsdp
@@ -323,14 +207,19 @@ def fsdp2_gathered(n_layer: int = 4, global_batch: int = 4) -> dict[str, dict]:
                 elif g._all_gather_result is not None:
                     gathered = g._all_gather_result.all_gather_output
                     held += gathered.untyped_storage().nbytes()
+            kept = groups[0].comm_ctx.all_gather_state  # forward's deferred free
+            if kept is not None:
+                held += (
+                    kept.all_gather_result.all_gather_output.untyped_storage().nbytes()
+                )
             return held
 
-        samples: list[int] = []
+        samples: dict[str, list[int]] = {"forward": [], "backward": []}
 
         # the MLP: mid-block, both ways
         def probe(module, args, output, samples=samples, now=gathered_now):
-            samples.append(now())
-            output.register_hook(lambda grad: samples.append(now()))
+            samples["forward"].append(now())
+            output.register_hook(lambda grad: samples["backward"].append(now()))
 
         for block in model.blocks:
             block.mlp.register_forward_hook(probe)
@@ -338,53 +227,142 @@ def fsdp2_gathered(n_layer: int = 4, global_batch: int = 4) -> dict[str, dict]:
         strategy = "zero3" if reshard else "fsdp2_no_reshard"
         # the calculator's, fp32
         whole = gathered_params(strategy, parameter_formula(cfg), cfg)
-        out[strategy] = {"measured": max(samples), "calculator": 4 * whole}
+        out[strategy] = {
+            "forward": max(samples["forward"]),
+            "backward": max(samples["backward"]),
+            "calculator": 4 * whole,
+        }
     return out
 
 
-def breakdown_figure(
-    model: str, ranks: int, micro_batch: int, seq_len: int, dtype: str = "bf16_mixed"
-):
-    """Bytes per rank by part under each ZeRO stage, and ZeRO-3 with activation
-    checkpointing, as the calculator estimates them; the estimates come back with
-    the figure."""
-    import matplotlib.pyplot as plt
+def zero1_compare(
+    make_model,
+    batch,
+    optimizer_class: type,
+    steps: int = 3,
+    scratch_class: type | None = None,
+    **kwargs,
+) -> dict:
+    """Run on every rank: ``steps`` steps of ``make_model()`` under DDP with our
+    ``ShardedOptimizer``, with torch's ``ZeroRedundancyOptimizer``, and in one process
+    on the whole batch. ``batch(step, rank, n)`` gives this rank's ``(x, y)`` (the
+    global batch when n is 1); the loss is ``model(x, y)[1]`` for the GPT,
+    cross-entropy otherwise. Returns losses, gradient norms, differences, owners,
+    bytes."""
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    colors = {
-        "params": "#3b6ea5",
-        "grads": "#6c9bd2",
-        "optimizer": "#a9c6ea",
-        "gathered": "#7a9e5a",
-    }
-    colors["activations"] = "#e39b4c"
-    cases = [(s, False) for s in STAGE_NAMES.values()] + [("zero3", True)]
-    estimates = {}
-    fig, ax = plt.subplots(figsize=(8, 3.2))
-    for row, (strategy, ac) in enumerate(cases):
-        est = estimate(
-            model,
-            ranks,
-            dtype,
-            "adamw",
-            strategy,
-            micro_batch=micro_batch,
-            seq_len=seq_len,
-            activation_checkpointing=ac,
-        )
-        estimates[strategy + (" + AC" if ac else "")] = est
-        left = 0.0
-        for part, color in colors.items():
-            ax.barh(
-                row,
-                (est[part] or 0) / GB,
-                left=left / GB,
-                color=color,
-                label=part if row == 0 else None,
+    from distlab.scratch.zero1 import ShardedOptimizer
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    runs = {}
+    for kind in ("scratch", "torch", "single"):
+        model = make_model()  # seeded inside: the same weights on every rank
+        params = list(model.parameters())
+        if kind == "single":
+            net, opt = model, optimizer_class(params, **kwargs)
+        else:
+            net = DDP(model)  # averages the gradients: every rank holds all of them
+            cls = (scratch_class or ShardedOptimizer) if kind == "scratch" else None
+            opt = (
+                cls(params, optimizer_class, **kwargs)
+                if cls
+                else ZeroRedundancyOptimizer(params, optimizer_class, **kwargs)
             )
-            left += est[part] or 0
-    ax.set_yticks(range(len(cases)), list(estimates))
-    ax.invert_yaxis()
-    ax.set_xlabel("GB per rank")
-    ax.legend(ncol=4, fontsize=8, loc="lower right")
-    fig.tight_layout()
-    return fig, estimates
+        losses, norms = [], []
+        for step in range(steps):
+            x, y = batch(step, *((0, 1) if kind == "single" else (rank, n)))
+            out = net(x, y) if isinstance(model, GPT) else net(x)
+            loss = (
+                out[1]
+                if isinstance(model, GPT)
+                else nn.functional.cross_entropy(out, y)
+            )
+            loss.backward()
+            grads = [p.grad for p in params if p.grad is not None]
+            norms.append(
+                torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
+            )
+            if kind == "scratch" and step == 0:
+                trace = _trace_first_step(opt, params)
+            else:
+                opt.step()
+            if kind == "scratch" and step == steps - 1:  # gradients still there
+                held = state_bytes(model, opt)
+            opt.zero_grad()
+            loss = loss.detach()
+            if kind != "single":  # the global batch's mean: equal rows per rank
+                dist.all_reduce(loss)
+                loss /= n
+            losses.append(loss.item())
+        runs[kind] = {
+            "losses": losses,
+            "norms": [v.item() for v in norms],
+            "params": [p.detach().clone() for p in params],
+        }
+        if kind == "scratch":
+            owners = opt.owner
+        elif kind == "torch":
+            torch_owner = {
+                p: r
+                for r, groups in enumerate(opt._partition_parameters())
+                for g in groups
+                for p in g["params"]
+            }
+            torch_owners = [torch_owner[p] for p in params]
+            torch_optimizer_bytes = state_bytes(model, opt.optim)["optimizer"]
+    ours, theirs, single = (runs[k]["params"] for k in ("scratch", "torch", "single"))
+    return {
+        "sizes": [p.numel() for p in ours],
+        "owners": owners,
+        "torch_owners": torch_owners,
+        "bytes": held,  # params, grads, optimizer on this rank (ours)
+        "trace": trace,  # what the first step changed on this rank, and when
+        "torch_optimizer_bytes": torch_optimizer_bytes,
+        # largest absolute difference from torch's ZeRO-1, over every parameter
+        "vs_torch": max((a - b).abs().max().item() for a, b in zip(ours, theirs)),
+        # and from one process, relative to the parameter's size
+        "vs_single": max(
+            ((a - b).norm() / b.norm()).item() for a, b in zip(ours, single)
+        ),
+        **{f"{k}_{q}": runs[k][q] for k in runs for q in ("losses", "norms")},
+    }
+
+
+def _trace_first_step(opt, params: list) -> dict[str, list[bool]]:
+    """``opt.step()``, watched: per tensor, on this rank, whether it has a gradient,
+    optimizer state, a new value after the inner step (before the broadcasts: a post
+    hook of the inner optimizer) and after the broadcasts."""
+    before = [p.detach().clone() for p in params]
+
+    def changed() -> list[bool]:
+        return [not torch.equal(p, b) for p, b in zip(params, before)]
+
+    seen = {"local": [False] * len(params)}  # a rank that owns nothing changes nothing
+    if opt.optimizer is not None:
+        opt.optimizer.register_step_post_hook(
+            lambda *_: seen.update(local=changed()) if "done" not in seen else None
+        )
+    trace = {"grad": [p.grad is not None for p in params]}
+    opt.step()
+    seen["done"] = True
+    state = opt.state
+    trace.update(local=seen["local"], broadcast=changed())
+    trace["state"] = [p in state for p in params]
+    return trace
+
+
+def zero1_gpt(steps: int = 3, global_batch: int = 8) -> dict:
+    """``zero1_compare`` on the tiny GPT with AdamW (the page's run)."""
+    from distlab.data import token_data
+    from distlab.infra.experiment import gpt
+
+    data = token_data()
+
+    def batch(step, rank, n):
+        return data.batch("train", step, global_batch, 64, 0, rank, n)
+
+    return zero1_compare(
+        lambda: gpt("tiny", seed=0), batch, torch.optim.AdamW, steps, lr=1e-3
+    )

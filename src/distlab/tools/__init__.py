@@ -17,4 +17,12 @@ hook moves); and the planner: ``shapes`` (model sizes), ``hardware`` (GPUs and n
 with sources), ``planner`` and ``planner_comm`` (memory and step time of a plan),
 ``recommend``, ``plan`` (its CLI, ``python -m distlab.tools.plan``), ``planner_page``
 (its form), ``planner_check`` (against this machine's runs) and ``published_runs`` (what
-it is checked against). May import the training library and ``infra``."""
+it is checked against). The pictures the sharding and checkpointing pages draw from
+real objects and runs live here too: ``memory_figures`` (what each rank holds per ZeRO
+stage, ZeRO-1's partition and step), ``fsdp_holdings`` (the from-scratch FSDP's units
+over a step), ``fsdp2_views`` (FSDP2's per-unit timeline and shards), ``who_sends``
+(who sends what to whom, from counted collectives), ``label_row`` (the prefetch
+timeline's labels), ``sharded_load`` and ``fsdp_labs`` (loading big models, the FSDP2
+labs), ``ac_timeline``, ``ac_figures`` and ``ac_policy_figures`` (forward, recompute
+and backward per policy), ``fsdp_compile_figures`` (compile's orders and its share of a
+GPU step). May import the training library and ``infra``."""

@@ -46,8 +46,8 @@ OPTIMIZERS = {"adamw": 8, "sgd_momentum": 4, "sgd": 0}
 # --- begin strategies ---
 # which parts each strategy divides, and by how many ranks ("ranks": all N, "group": g);
 # and which whole parameters FSDP2 holds on top of its shards at the peak of a step
-# ("gathered"): "units", the root and two blocks (the one computing and the one
-# prefetched), or "model"
+# ("gathered"): "units", the root plus two blocks' worth (the block computing, and the
+# next one prefetched in backward or the kept all-gather buffer in forward), or "model"
 STRATEGIES = {
     "ddp": {
         "label": "DDP (no sharding)",
@@ -276,9 +276,10 @@ def gathered_params(
     strategy: str, n_params: float, cfg: GPTConfig | None
 ) -> float | None:
     """Whole parameters held on top of the shards at the peak of a step: none for DDP
-    and ZeRO-1/2 (their parameters are whole anyway); the root and two blocks under
-    FSDP2 with resharding, which needs the architecture (None without one); every
-    unit without."""
+    and ZeRO-1/2 (their parameters are whole anyway); the root plus two blocks' worth
+    under FSDP2 with resharding, which needs the architecture (None without one);
+    every unit without (the end of forward also holds the last block's all-gather
+    buffer, which this leaves out)."""
     kind = STRATEGIES[strategy]["gathered"]
     if kind is None:
         return 0

@@ -1,10 +1,12 @@
 """What the memory calculator is checked against: the ZeRO paper's own formulas and its
 Table 1, transcribed, and the exact tensor-by-tensor layout of DDP's and FSDP2's state.
 
+    paper_table_1()                         # every cell: ours, printed, agreement
     zero_paper_bytes(7.5e9, 64, stage=3)    # Figure 1's 1.88 GB
     agrees_with_print(1.875, "1.88")        # "rounded"
     # to the byte, from the shapes
     exact_adamw_state_bytes(shapes, ranks=4, rank=3, fsdp2=True)
+    allocated_state_bytes(model, optimizer)  # the storages behind the tensors
 
 The calculator (``distlab.tools.memory_calculator``) counts bytes per parameter; these
 count what the paper printed and what the ranks really hold, so the ZeRO chapter can
@@ -14,6 +16,11 @@ compare them.
 from __future__ import annotations
 
 import math
+
+import torch
+import torch.nn as nn
+
+from distlab.tools.memory_calculator import GB, per_rank_bytes
 
 
 def zero_paper_bytes(psi: float, n_d: int, stage: int, k: int = 12) -> float:
@@ -97,6 +104,66 @@ def exact_adamw_state_bytes(
         "params": weights,
         "grads": weights,
         "optimizer": 2 * 4 * local + 4 * len(shapes),
+    }
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
+
+
+_STAGES = ("ddp", "zero1", "zero2", "zero3")  # the paper's stage -> our strategy
+
+
+def paper_table_1() -> list[dict]:
+    """Each cell of the paper's Table 1 (bf16 mixed precision, AdamW) as the calculator
+    computes it, next to the printed value and how the two agree ("rounded", "truncated"
+    or None)."""
+    rows = []
+    for psi, stages in PAPER_TABLE_1.items():
+        for stage, printed in stages.items():
+            for n, cell in zip(PAPER_DP, printed.split()):
+                ours = (
+                    per_rank_bytes(psi, n, "bf16_mixed", "adamw", _STAGES[stage])[
+                        "total"
+                    ]
+                    / GB
+                )
+                rows.append(
+                    {
+                        "psi": psi,
+                        "stage": stage,
+                        "ranks": n,
+                        "ours_gb": ours,
+                        "printed": cell,
+                        "agrees": agrees_with_print(ours, cell),
+                    }
+                )
+    return rows
+
+
+def allocated_state_bytes(
+    model: nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, int]:
+    """Like ``state_bytes``, but the bytes of the storages behind the tensors, each
+    counted once."""
+
+    def storage_bytes(tensors) -> int:
+        local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+        return sum(
+            {
+                t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in local
+            }.values()
+        )
+
+    params = list(model.parameters())
+    out = {
+        "params": storage_bytes(params),
+        "grads": storage_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": storage_bytes(
+            v
+            for s in optimizer.state.values()
+            for v in s.values()
+            if torch.is_tensor(v)
+        ),
     }
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return out
