@@ -164,3 +164,69 @@ def test_attention_only_policy_checker(capsys):
         check_attention_only_policy(
             [torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default]
         )
+
+
+# ------------------------------------------- the timeline, the GPU run the page reads
+def test_recorded_gpu_benchmark_is_complete_and_rerunnable():
+    result = json.loads((REPO_ROOT / "results" / "ac_bench_gpu.json").read_text())
+    command = shlex.split(result["provenance"]["command"])
+    assert command[:3] == ["python", "-m", "distlab.bench.ac"]
+    assert command[command.index("--device") + 1] == "cuda"
+    assert result["provenance"]["gpu_count"] >= 1
+    runs = result["single_process"]
+    assert [(r["mode"], r["every"]) for r in runs] == [
+        (mode, every) for _, mode, every in POLICIES
+    ]
+    assert all(len(r["step_s"]) >= 5 and r["grad_max_abs_diff"] <= 1e-6 for r in runs)
+
+
+def test_the_work_clock_counts_flops_for_products_and_elements_otherwise():
+    from distlab.tools.ac_timeline import _work
+
+    m, k, n = 4, 8, 16
+    shapes = ((torch.Size([n]), torch.Size([m, k]), torch.Size([k, n])),)
+    assert _work(aten.addmm.default, *shapes, torch.Size([m, n])) == 2 * m * k * n
+    assert _work(aten.gelu.default, (torch.Size([m, n]),), torch.Size([m, n])) == m * n
+    q = torch.Size([2, 4, 8, 16])  # (B, H, T, D): two products of T x T x D
+    sdpa = aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert _work(sdpa, (q, q, q), (q,)) == 4 * 2 * 4 * 8 * 8 * 16
+
+
+class _Event:
+    def __init__(self, name, start, end):
+        self.name = name
+        self.time_range = type("Range", (), {"start": start, "end": end})()
+
+
+def test_hook_sequence_names_who_issued_each_all_gather():
+    from distlab.tools.ac_timeline import hook_sequence
+
+    events = [
+        _Event("FSDP::pre_forward (blocks.0)", 0, 3),
+        _Event("FSDP::all_gather (blocks.0)", 1, 2),
+        _Event("block forward (0)", 4, 5),
+        _Event("FSDP::all_gather (blocks.1)", 6, 7),  # issued by no hook seen
+        _Event("backward", 10, 30),
+        _Event("FSDP::pre_forward (blocks.0)", 11, 12),
+        _Event("block forward (0)", 13, 14),
+        _Event("FSDP::post_backward_reduce (blocks.0)", 15, 16),
+        _Event("FSDP::all_gather ()", 17, 18),  # the root: not a block
+    ]
+    assert hook_sequence(events) == [
+        ("all-gather", 0, "pre_forward, in forward"),
+        ("forward", 0, ""),
+        ("all-gather", 1, "?, in forward"),
+        ("pre-forward hook", 0, "in backward"),
+        ("recompute", 0, ""),
+        ("reduce-scatter", 0, ""),
+    ]
+
+
+def test_the_timeline_model_checkpoints_every_kth_block():
+    from distlab.tools.ac_timeline import timeline_model
+
+    wrapped = [
+        hasattr(b, "_checkpoint_wrapped_module")
+        for b in timeline_model("full", 2).blocks
+    ]
+    assert wrapped == [True, False, True, False]

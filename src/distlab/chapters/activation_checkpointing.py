@@ -21,6 +21,7 @@ Step times are measured by ``distlab.bench.ac``, which records them in ``results
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -212,6 +213,7 @@ def fsdp2_orders(preset_name: str = "tiny", global_batch: int = 8) -> list[dict]
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     from distlab.parallel import apply_fsdp
+    from distlab.tools.ac_timeline import hook_sequence, mark_block_forwards
 
     rank, world = rank_world()
     # NCCL ranks need their model and data on their GPU
@@ -249,8 +251,13 @@ def fsdp2_orders(preset_name: str = "tiny", global_batch: int = 8) -> list[dict]
         else:
             apply_fsdp(model)
             wrap_blocks()
+        marks = mark_block_forwards(model)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            model(idx[mine], targets[mine])[1].backward()
+            loss = model(idx[mine], targets[mine])[1]
+            with torch.profiler.record_function("backward"):
+                loss.backward()
+        for handle in marks:
+            handle.remove()
         names = [event.name for event in prof.events()]
         diff = max(
             (p.grad.full_tensor() - r).abs().max().item()
@@ -268,9 +275,79 @@ def fsdp2_orders(preset_name: str = "tiny", global_batch: int = 8) -> list[dict]
                 / cfg.n_layer,
                 # gloo:all_gather, nccl:_all_gather_base
                 "all_gathers": names.count("c10d::_allgather_base_"),
+                "sequence": hook_sequence(prof.events()),
             }
         )
     return results
+
+
+def options_demo(seed: int = 0) -> dict:
+    """Three options of ``torch.utils.checkpoint``, each on a small case.
+
+    ``preserve_rng_state``: a ``tiny`` block with dropout 0.1, checkpointed with and
+    without it, against no checkpointing (max gradient difference). ``determinism
+    _check``: a function whose recompute saves a tensor of another shape than its
+    first run (the error's first line). ``checkpoint_sequential``: four blocks in two
+    segments (bytes saved for backward, against no checkpointing)."""
+    from torch.utils.checkpoint import CheckpointError, checkpoint_sequential
+
+    cfg = dataclasses.replace(preset("tiny"), dropout=0.1)
+    block = GPT(cfg, seed=seed).blocks[0].train()
+    x = torch.randn(4, cfg.block_size, cfg.n_embd, generator=torch.Generator())
+
+    def grads(run) -> list[torch.Tensor]:
+        torch.manual_seed(seed)  # the same dropout masks for every variant
+        run(x.clone().requires_grad_()).sum().backward()
+        out = [p.grad.clone() for p in block.parameters()]
+        block.zero_grad(set_to_none=True)
+        return out
+
+    def diff(got, want) -> float:
+        return max((g - w).abs().max().item() for g, w in zip(got, want))
+
+    plain = grads(block)
+    rng = {
+        keep: diff(
+            grads(lambda t, k=keep: checkpoint(block, t, use_reentrant=False,
+                                               preserve_rng_state=k)),
+            plain,
+        )
+        for keep in (True, False)
+    }  # fmt: skip
+    calls = []
+
+    def shifting(t):  # its recompute keeps one column fewer: a bug to catch
+        calls.append(t)
+        return t[:, : t.shape[1] - len(calls) + 1].exp().sum()
+
+    try:
+        checkpoint(shifting, x.clone().requires_grad_(), use_reentrant=False).backward()
+        caught = "no error"
+    except CheckpointError as err:
+        caught = str(err).strip().splitlines()[0]
+    blocks = nn.Sequential(*GPT(dataclasses.replace(cfg, n_layer=4)).blocks).eval()
+    wanted = x.clone().requires_grad_()
+    sequential = {
+        "none": saved_bytes(lambda: blocks(wanted)),
+        "2 segments": saved_bytes(
+            lambda: checkpoint_sequential(blocks, 2, wanted, use_reentrant=False)
+        ),
+    }
+    return {"rng": rng, "determinism": caught, "sequential": sequential}
+
+
+def saved_bytes(run: Callable) -> int:
+    """Bytes of the distinct storages ``run()`` saves for backward (its inputs'
+    included)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(seen.values())
 
 
 __all__ = [
@@ -285,4 +362,6 @@ __all__ = [
     "gradients",
     "save_ops_policy",
     "fsdp2_orders",
+    "options_demo",
+    "saved_bytes",
 ]
