@@ -121,10 +121,11 @@ def apply_compile(model: nn.Module, **compile_kwargs) -> nn.Module:
     so one compiled graph serves all of them (measured with torch 2.13: one graph for a
     12-block GPT); the embeddings, the head and the loss stay eager.
     ``nn.Module.compile`` compiles a module's call and leaves the module itself in place
-    (``torch/nn/modules/module.py``), so parameter names, ``state_dict`` keys,
-    checkpoints and ``model.pt`` stay the plain model's; putting
-    ``torch.compile(block)``, an ``OptimizedModule``, in its place would add
-    ``_orig_mod.`` to every key. After activation checkpointing, a block is its
+    (``torch/nn/modules/module.py``), so parameter names and ``state_dict`` keys stay
+    the plain model's; putting ``torch.compile(block)``, an ``OptimizedModule``, in its
+    place would add ``_orig_mod.`` to the keys of ``model.state_dict()`` (what a
+    ``torch.save`` user sees), though not to DCP's: ``get_state_dict`` strips the
+    prefix, so the labs' checkpoints would load either way. After activation checkpointing, a block is its
     checkpoint wrapper and is compiled with the recompute inside; before sharding,
     FSDP2's hooks then run around the compiled block, outside the graph:
     ``nn.Module.compile`` wraps ``_call_impl``, hooks included, but Dynamo skips that
@@ -321,8 +322,10 @@ def no_gradient_sync(model: nn.Module):
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole, unsharded state dict on the CPU of rank 0 (empty on the other ranks).
 
-    A collective: every rank must call it. The keys are the plain model's, so lab 1
-    loads it.
+    A collective: every rank must call it (one all-gather per tensor); with
+    ``cpu_offload`` only rank 0 keeps the results (``ranks_only=(0,)`` in
+    ``_maybe_full_or_cpu_state_dict``, torch/distributed/checkpoint/state_dict.py). The
+    keys are the plain model's, so lab 1 loads it.
     """
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,

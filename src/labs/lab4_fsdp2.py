@@ -76,7 +76,7 @@ class TrainConfig:
     batch_size: int = 16
     # sequences per forward/backward on one rank (what memory allows)
     micro_batch_size: int = 4
-    # all-reduce after every micro-batch (to measure no_sync)
+    # reduce-scatter after every micro-batch (to measure no_gradient_sync)
     sync_every_micro_batch: bool = False
     lr: float = 1e-3  # peak learning rate, reached after warm-up
     min_lr: float = 1e-4  # the cosine decay ends here
@@ -89,9 +89,7 @@ class TrainConfig:
     # log (and sync with the host) every N steps; between logs the loss stays on
     # the device
     log_every: int = 1
-    # fp32, or bf16 compute (FSDP2 MixedPrecisionPolicy, no autocast; shards, AdamW
-    # stay fp32)
-    dtype: str = "fp32"
+    dtype: str = "fp32"  # fp32, or bf16 compute by FSDP2's policy (no autocast)
     # let fp32 matmuls on CUDA use TF32 tensor cores (10-bit mantissa); no effect on CPU
     tf32: bool = False
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda

@@ -1,9 +1,9 @@
 """A model bigger than one rank: the exercise's checker (block and row fills pass, a
 per-shard seed fails). The page itself (book/fsdp_big_models.md) runs the tour on 2
 ranks and the HSDP clip on 4 and asserts on every build what they measure: the init on
-shards, the full state dict loaded by broadcast and saved to rank 0 (bytes and
-collectives), clip_grad_norm_ over DTensor gradients, and the clip called on rank 0 only
-failing with the group's timeout."""
+shards, the full state dict loaded by broadcast, or read from safetensors by each rank,
+and saved to rank 0 (bytes and collectives), clip_grad_norm_ over DTensor gradients,
+and the clip called on rank 0 only failing with the group's timeout."""
 
 import pytest
 import torch

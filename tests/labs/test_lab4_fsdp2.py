@@ -1,7 +1,9 @@
 """Lab 4 (lab 3 + FSDP2) beyond its page: 4 ranks and one process equal lab 1, bf16 from
 the FSDP2 policy alone. The page (labs/lab4_fsdp2.md) checks on every build what it
 runs: 2 ranks x 2 micro-batches equal lab 1 (within 1e-5), the state per rank is at most
-0.52 of DDP's, and the saved weights load into lab 1's plain model."""
+0.52 of DDP's, and the saved weights load into lab 1's plain model. Its exercises 2
+and 4 are checked here: every rank sampling from the sharded model, and the root left
+gathered by a no-grad forward."""
 
 import pytest
 
@@ -72,3 +74,68 @@ def test_bf16_comes_from_the_fsdp2_policy_alone_and_trains_like_fp32(tmp_path):
     assert len(losses) == 6 and max(relative) < 1e-3
     assert max(relative) > 1e-6  # ... and not fp32's (2 fp32 ranks match them to ~1e-7)
     assert read_summary(tmp_path)["dtype"] == "bf16"
+
+
+def _sample_on_every_rank() -> tuple[bool, bool]:
+    """GPT.generate on every rank of a sharded GPT, as is and registered with
+    register_fsdp_forward_method: the plain model's tokens both ways?"""
+    import torch
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    from distlab.infra.experiment import gpt
+    from distlab.parallel import apply_fsdp
+
+    prompt = torch.zeros(1, 1, dtype=torch.long)
+
+    def sample(model):
+        return model.generate(prompt, 5, generator=torch.Generator().manual_seed(0))
+
+    plain, sharded = sample(gpt("tiny", 7)), apply_fsdp(gpt("tiny", 7))
+    as_is = torch.equal(sample(sharded), plain)  # generate calls self(...): hooks run
+    register_fsdp_forward_method(sharded, "generate")
+    return as_is, torch.equal(sample(sharded), plain)
+
+
+def test_every_rank_samples_from_the_sharded_model_as_from_the_plain_one():
+    """Lab 4's exercise 2: all ranks calling generate together work, with or without
+    register_fsdp_forward_method (the book's generate goes through forward)."""
+    from distlab.infra.launch import run_ranks
+
+    assert run_ranks(_sample_on_every_rank, nprocs=2, quiet=True, timeout=120) == [
+        (True, True),
+        (True, True),
+    ]
+
+
+def _root_gathered() -> list[tuple[str, bool, bool]]:
+    """(moment, root unsharded?, block 0 unsharded?) around a no-grad forward, as lab
+    4's evaluate() runs, then model.reshard()."""
+    import torch
+
+    from distlab.infra.experiment import gpt
+    from distlab.parallel import apply_fsdp
+
+    model = apply_fsdp(gpt("tiny", 7))
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in (model, model.blocks[0])]
+    seen = lambda moment: (moment, *(g.is_unsharded for g in groups))  # noqa: E731
+    out = [seen("start")]
+    with torch.no_grad():
+        model(torch.zeros(2, 8, dtype=torch.long))
+    out.append(seen("after a no-grad forward"))
+    model.reshard()
+    out.append(seen("after reshard()"))
+    return out
+
+
+def test_a_no_grad_forward_leaves_the_root_gathered_until_reshard():
+    """Lab 4's exercise 4: the root (reshard_after_forward=False) stays unsharded after
+    evaluate()'s no-grad forward, since no backward comes to reshard it;
+    FSDPModule.reshard() frees it. The blocks reshard after their forward."""
+    from distlab.infra.launch import run_ranks
+
+    for seen in run_ranks(_root_gathered, nprocs=2, quiet=True, timeout=120):
+        assert seen == [
+            ("start", False, False),
+            ("after a no-grad forward", True, False),
+            ("after reshard()", False, False),
+        ]

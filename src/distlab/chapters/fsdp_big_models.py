@@ -1,22 +1,14 @@
-"""A model bigger than one rank: initialise it sharded, load a full state dict into it,
-save one from it, and clip its sharded gradients. The experiments of
-book/fsdp_big_models.md.
-
-Everything runs on every rank of one ``observe`` launch (``tour``), since one demo (a
-clip that only rank 0 calls) fails on purpose and must come back as a caught error:
-
-    outcome = observe(tour, nprocs=2, pg_timeout=60)
-    # bytes this rank held while the full dict was loaded
-    outcome.results[rank]["load"]["peak"]
-
-Collectives are counted with ``CommDebugMode`` (``torch.distributed.tensor.debug``),
-bytes with PyTorch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``,
-private, CPU-capable).
+"""A model bigger than one rank (book/fsdp_big_models.md): initialise it sharded, load
+a full state dict into it, save one from it, clip its sharded gradients. All on every
+rank of one ``observe`` launch (``tour``): one demo (a clip only rank 0 calls) fails on
+purpose. Collectives counted by ``CommDebugMode``, bytes by ``MemTracker``
+(``torch.distributed._tools.mem_tracker``, private, CPU-capable).
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import warnings
 import zlib
 from collections.abc import Callable
@@ -48,12 +40,9 @@ def counts(comm: CommDebugMode) -> dict[str, int]:
     """``{"c10d.broadcast_.default": 31}`` -> ``{"broadcast": 31}``."""
     out = {}
     for op, n in comm.get_comm_counts().items():
-        name = (
-            str(op).split(".")[-2 if str(op).endswith(".default") else -1].rstrip("_")
-        )
-        out[name.removesuffix("_into_tensor")] = (
-            out.get(name.removesuffix("_into_tensor"), 0) + n
-        )
+        name = str(op).removesuffix(".default").split(".")[-1].rstrip("_")
+        name = name.removesuffix("_into_tensor")
+        out[name] = out.get(name, 0) + n
     return out
 
 
@@ -70,6 +59,16 @@ def sharded_on_meta(preset_name: str = "tiny") -> GPT:
     apply_fsdp(model, device=CPU)
     model.to_empty(device=CPU)
     return model
+
+
+def meta_bytes(preset_name: str = "tiny") -> int:
+    """Bytes of real storage behind the parameters of a GPT built on ``meta``."""
+    config = preset(preset_name, vocab_size=token_data().vocab_size)
+    with torch.device("meta"):
+        model = GPT(config, SEED)
+    return sum(
+        p.untyped_storage().nbytes() for p in model.parameters() if not p.is_meta
+    )
 
 
 # --- begin init-rows ---
@@ -148,6 +147,10 @@ def init_check(preset_name: str = "tiny") -> dict:
     }
 
 
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def storage_bytes(tensors) -> int:
     """Bytes of the distinct storages behind ``tensors`` (a tied weight counts once)."""
     return sum(
@@ -200,6 +203,11 @@ def load_full(preset_name: str = "tiny") -> tuple[GPT, dict]:
         "collectives": counts(comm),
         "peak": tracker.get_tracker_snapshot("peak")[CPU]["Total"],
         "largest broadcast": max(log),
+        "broadcast log": log,  # bytes of each broadcast, in order
+        # (name, whole bytes, this rank's bytes) of each tensor, in the dict's order
+        "tensors": [
+            (k, nbytes(v), nbytes(v.to_local())) for k, v in model.state_dict().items()
+        ],
         "dict now holds": sorted({type(v).__name__ for v in full_sd.values()}),
     }
 
@@ -336,12 +344,53 @@ def hsdp_clip_check(preset_name: str = "tiny", max_norm: float = 0.5) -> dict:
     }
 
 
+def load_safetensors(folder: str, preset_name: str = "tiny") -> dict:
+    """Rank 0 writes one process's weights as ``model.safetensors`` (as a Hugging Face
+    checkpoint is); then every rank reads only its own slices of it into its shards
+    with DCP's ``HuggingFaceStorageReader``: no tensor is broadcast."""
+    import os
+
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    if rank_world()[0] == 0:
+        full = gpt(preset_name, SEED).state_dict()
+        # safetensors refuses two keys on one storage: the tied head gets a copy
+        tensors = {k: v.clone() for k, v in full.items()}
+        save_file(tensors, os.path.join(folder, "model.safetensors"))
+    dist.barrier()
+    read = []
+
+    class Logged(HuggingFaceStorageReader):
+        # logs the elements of each slice read from the file (a private hook)
+        def _process_read_request(self, f, req, planner):
+            read.append(math.prod(req.lengths) * 4)  # fp32
+            return super()._process_read_request(f, req, planner)
+
+    model = sharded_on_meta(preset_name)
+    # --- begin load-hf ---
+    state = get_model_state_dict(model)  # sharded: DTensors, no gathering
+    with CommDebugMode() as comm:
+        dcp.load(state, storage_reader=Logged(folder))  # each rank its slices
+    set_model_state_dict(model, state)
+    # --- end load-hf ---
+    return {
+        "read bytes": sum(read),
+        "shard bytes": storage_bytes(p.to_local() for p in model.parameters()),
+        "collectives": counts(comm),
+        "max param diff": load_check(model, preset_name)["max param diff"],
+    }
+
+
 def tour(report: str, preset_name: str = "tiny") -> dict:
     """Everything the page shows, on every rank of one launch."""
     model, load = load_full(preset_name)
     return {
         "init": init_check(preset_name),
+        "meta bytes": meta_bytes(preset_name),
         "load": load,
+        "hf": load_safetensors(report, preset_name),
         "loaded": load_check(model, preset_name),
         "save": save_full(model, preset_name),
         "clip": clip_check(model, preset_name=preset_name),
