@@ -37,9 +37,20 @@ ANATOMY_PAGES = (
     "ddp_in_practice",
     "ddp_tuning",
     "feeding_ranks",
+    "zero_memory",
+    "fsdp_scratch",
+    "fsdp2",
+    "fsdp_communication",
+    "fsdp_prefetch_offload",
+    "fsdp_big_models",
+    "activation_checkpointing",
+    "ac_policies",
+    "fsdp_compile",
     "labs/lab1_single",
     "labs/lab2_ddp",
     "labs/lab3_grad_accum",
+    "labs/lab4_fsdp2",
+    "labs/lab5_activation_ckpt",
 )
 
 COLUMNS = 88  # the widest code line a page may show (the reading column holds ~85)
