@@ -26,10 +26,10 @@ lab's diff changes.
 
 Around it, one subpackage per role:
 
-    scratch/    the mechanisms rebuilt by hand (collectives, data_parallel, ddp, fsdp, zero1,
-                a halving-doubling all-reduce, SyncBatchNorm, DistributedSampler's
-                deal), each tested equal to PyTorch's own, with the pictures and
-                stepping widgets drawn from them
+    scratch/    the mechanisms rebuilt by hand (collectives, data_parallel, ddp, fsdp,
+                zero1, a halving-doubling all-reduce, SyncBatchNorm,
+                DistributedSampler's deal), each tested equal to PyTorch's own, with
+                the pictures and stepping widgets drawn from them
     chapters/   one module per chapter page, named after it: ``chapters/fsdp2.py``
                 holds the experiments ``book/fsdp2.md`` runs
     exercises/  the checkers of the exercises that ask for code, named after their page

@@ -125,9 +125,10 @@ def apply_compile(model: nn.Module, **compile_kwargs) -> nn.Module:
     the plain model's; putting ``torch.compile(block)``, an ``OptimizedModule``, in its
     place would add ``_orig_mod.`` to the keys of ``model.state_dict()`` (what a
     ``torch.save`` user sees), though not to DCP's: ``get_state_dict`` strips the
-    prefix, so the labs' checkpoints would load either way. After activation checkpointing, a block is its
-    checkpoint wrapper and is compiled with the recompute inside; before sharding,
-    FSDP2's hooks then run around the compiled block, outside the graph:
+    prefix, so the labs' checkpoints would load either way. After activation
+    checkpointing, a block is its checkpoint wrapper and is compiled with the recompute
+    inside; before sharding, FSDP2's hooks then run around the compiled block, outside
+    the graph:
     ``nn.Module.compile`` wraps ``_call_impl``, hooks included, but Dynamo skips that
     frame (``torch.nn`` is in its skip list, ``torch/_dynamo/trace_rules.py``) and
     compiles the block's ``forward`` frame, so the hooks run eagerly, with no graph

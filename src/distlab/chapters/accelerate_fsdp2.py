@@ -372,10 +372,10 @@ def _resident_steps(name: str) -> dict:
 
 
 def resident_cost(name: str = "shakespeare") -> dict:
-    """What the uninitialised model of the "empty" setup costs in RAM: the growth of the
-    resident set (not PyTorch's allocation count) after ``to_empty``, after writing every
-    parameter, and after the move to ``meta``, in a fresh process so that no freed,
-    already-resident memory is reused."""
+    """What the uninitialised model of the "empty" setup costs in RAM: the growth of
+    the resident set (not PyTorch's allocation count) after ``to_empty``, after writing
+    every parameter, and after the move to ``meta``, in a fresh process so that no
+    freed, already-resident memory is reused."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
