@@ -33,6 +33,7 @@ CHROMIUM_ARGS = [
 ]
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}  # an iPhone 14's CSS pixels
+LOAD_TIMEOUT_MS = 120_000  # a bound against a hang, not a measure of speed
 
 
 def chromium_path() -> str:
@@ -183,9 +184,11 @@ def visit(
     seen = {}
     try:
         page.set_viewport_size(next(iter(views.values())))
-        page.goto(url, wait_until="load", timeout=30_000)
+        # generous: the crawl runs beside the rest of the suite on 2 busy cores, where
+        # a page with widgets and MathJax once took over 30 s to settle
+        page.goto(url, wait_until="load", timeout=LOAD_TIMEOUT_MS)
         # MathJax fonts, widget views
-        page.wait_for_load_state("networkidle", timeout=30_000)
+        page.wait_for_load_state("networkidle", timeout=LOAD_TIMEOUT_MS)
         for view, size in views.items():
             page.set_viewport_size(size)
             # the sidebars slide when the width crosses a breakpoint
@@ -257,13 +260,16 @@ def visit_all(
             try:
                 context = browser.new_context()
                 for page in share:
-                    seen[page] = visit(
-                        context,
-                        f"{base}{page}.html",
-                        views,
-                        screenshots,
-                        inspect=inspect,
-                    )
+                    try:
+                        seen[page] = visit(
+                            context,
+                            f"{base}{page}.html",
+                            views,
+                            screenshots,
+                            inspect=inspect,
+                        )
+                    except Exception as e:  # say which page: every browser test fails
+                        raise RuntimeError(f"visiting {page}: {e}") from e
             finally:
                 browser.close()
         return seen

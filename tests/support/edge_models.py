@@ -140,17 +140,27 @@ def state(model: nn.Module) -> dict:
     }
 
 
+def one_process_steps(model, batch, world_size: int, steps: int, grads_of=grads):
+    """One process, no wrapper: per step, the gradients of the mean of the ranks' mean
+    losses (``batch(rank, step)`` is a rank's rows; None where no rank's rows reached
+    a parameter), then an SGD step. Returns each step's ``grads_of(model)``."""
+    per_step = []
+    for step in range(steps):
+        model.zero_grad(set_to_none=True)
+        losses = [loss_of(model(batch(r, step))) for r in range(world_size)]
+        (sum(losses) / world_size).backward()
+        per_step.append(grads_of(model))
+        sgd_step(model)
+    return per_step
+
+
 def reference(name: str, world_size: int, steps: int = 3) -> dict:
     """One process, no wrapper: each step's gradients (None where no shard reached
     a parameter)."""
     model = build(name)
-    per_step = []
-    for step in range(steps):
-        model.zero_grad(set_to_none=True)
-        losses = [loss_of(model(shard(r, world_size, step))) for r in range(world_size)]
-        (sum(losses) / world_size).backward()
-        per_step.append(grads(model))
-        sgd_step(model)
+    per_step = one_process_steps(
+        model, lambda rank, step: shard(rank, world_size, step), world_size, steps
+    )
     return {"grads": per_step, **state(model)}
 
 

@@ -27,6 +27,7 @@ from support.edge_models import (
     Tied,
     Twice,
     loss_of,
+    one_process_steps,
     sgd_step,
 )
 
@@ -71,13 +72,10 @@ def named_grads(model: nn.Module) -> dict:
 def one_process(name: str) -> dict:
     """No wrapper: per step, the gradient of the mean of the N ranks' mean losses
     (each rank's rows through the model apart: BatchNorm's batch is a rank's)."""
-    model, per_step = build(name), []
-    for step in range(STEPS):
-        model.zero_grad(set_to_none=True)
-        losses = [loss_of(model(rows(name, r, step))) for r in range(N)]
-        (sum(losses) / N).backward()
-        per_step.append(named_grads(model))
-        sgd_step(model)
+    model = build(name)
+    per_step = one_process_steps(
+        model, lambda rank, step: rows(name, rank, step), N, STEPS, named_grads
+    )
     return {"grads": per_step, "params": dict(model.named_parameters())}
 
 
