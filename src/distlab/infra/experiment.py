@@ -344,7 +344,7 @@ def train(
             end = time.perf_counter()
             total = loss.detach().float().clone()
             if exp.world_size > 1:
-                # SUM of the ranks' means (gloo has no AVG for every op) ...
+                # SUM of the ranks' means, then / N: right on every backend ...
                 dist.all_reduce(total)
             # ... over N: the global batch's mean
             losses.append(total.item() / exp.world_size)

@@ -114,7 +114,8 @@ def unit_timeline(spans: list, title: str = ""):
     computes, and reduce-scattered, in ms since the step began."""
     bars = unit_bars(spans)
     units = ["root"] + sorted(u for u in bars if u != "root")
-    fig, ax = plt.subplots(figsize=(7, 0.55 * len(units) + 1.6))
+    # 6.4 in wide, fonts of 15 pt and more: readable at a phone's 360 px
+    fig, ax = plt.subplots(figsize=(6.4, 0.7 * len(units) + 2.6))
     for y, u in enumerate(reversed(units)):
         for kind, start, end in bars.get(u, []):
             held = kind == "held whole"
@@ -127,23 +128,31 @@ def unit_timeline(spans: list, title: str = ""):
                 zorder=1 if held else 2,
             )
     labels = [u.replace("blocks.", "block ") for u in units][::-1]
-    ax.set_yticks(range(len(units)), labels, fontsize=12)
-    ax.tick_params(axis="x", labelsize=11)
-    ax.set_xlabel("ms since the step began (rank 0)", fontsize=11)
+    ax.set_yticks(range(len(units)), labels, fontsize=16)
+    ax.tick_params(axis="x", labelsize=15)
+    ax.set_xlabel("ms into the step (rank 0)", fontsize=16)
+    ax.spines[["top", "right"]].set_visible(False)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
     fig.legend(
-        handles, list(COLORS), ncol=3, fontsize=11, loc="lower center", frameon=False
+        handles,
+        list(COLORS),
+        ncol=2,
+        fontsize=15,
+        loc="lower center",
+        frameon=False,
+        handlelength=1.2,
+        columnspacing=1.0,
     )
     if title:
-        ax.set_title(title, fontsize=12)
-    fig.tight_layout(rect=(0, 0.17, 1, 1))
+        ax.set_title(title, fontsize=16)
+    fig.tight_layout(rect=(0, 0.27, 1, 1))
     return fig
 
 
 def shard_figure(tables: list[list[dict]], names: tuple[str, ...]):
     """For each parameter in ``names``: its rows (dim 0), coloured by the rank that
     holds them, read from each rank's ``to_local()`` shape."""
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.2))
+    fig, ax = plt.subplots(figsize=(6.4, 0.6 * len(names) + 1.6))
     shades = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"]
     for y, name in enumerate(reversed(names)):
         left = 0
@@ -158,18 +167,19 @@ def shard_figure(tables: list[list[dict]], names: tuple[str, ...]):
                 ha="center",
                 va="center",
                 color="white",
-                fontsize=10,
+                fontsize=15,
             )
             left += held
     short = [n.replace("blocks.0.", "b0.") for n in reversed(names)]
-    ax.set_yticks(range(len(names)), short, fontsize=12)
-    ax.set_xlabel("rows (dim 0) each rank holds", fontsize=11)
+    ax.set_yticks(range(len(names)), short, fontsize=15)
+    ax.set_xlabel("rows (dim 0) each rank holds", fontsize=16)
+    ax.tick_params(axis="x", labelsize=14)
     handles = [plt.Rectangle((0, 0), 1, 1, color=shades[r]) for r in range(len(tables))]
     ax.legend(
         handles,
         [f"rank {r}" for r in range(len(tables))],
         loc="lower right",
-        fontsize=11,
+        fontsize=15,
     )
     fig.tight_layout()
     return fig

@@ -59,11 +59,11 @@ def frame_figure(frame: tuple, sizes: dict, n: int):
     held = sum(sizes[name][0] for name in gathered) / KB
     ax.set_title(
         f"{phase}: {what} of {unit}\n{held:.0f} KiB gathered",
-        fontsize=13,
+        fontsize=15,
         loc="left",
     )
-    ax.set_xlabel(f"KiB (dark: this rank's 1/{n})", fontsize=13)
-    ax.tick_params(axis="x", labelsize=11)
+    ax.set_xlabel(f"KiB (dark: this rank's 1/{n})", fontsize=14)
+    ax.tick_params(axis="x", labelsize=13)
     fig.tight_layout()
     return fig
 
@@ -103,35 +103,45 @@ def _draw(ax_lanes, ax_bytes, events: list, units: list[str], title: str) -> Non
                 ax_lanes.broken_barh(
                     [(ms(e.start), width)], (lane - 0.25, 0.5), color=COLORS[e.what]
                 )
-    ax_lanes.set_yticks(range(len(units)), units)
+    ax_lanes.set_yticks(range(len(units)), units, fontsize=15)
     ax_lanes.invert_yaxis()  # the root on top: its forward encloses the blocks'
-    ax_lanes.set_title(title)
+    ax_lanes.set_title(title, fontsize=16)
     ax_bytes.step(
         [ms(e.end) for e in events],
         [e.gathered_bytes / KB for e in events],
         where="post",
         color="#444444",
     )
-    ax_bytes.set_xlabel("ms into the step (rank 0)")
-    ax_bytes.set_ylabel("gathered KiB")
+    ax_bytes.set_xlabel("ms into the step (rank 0)", fontsize=15)
+    ax_bytes.set_ylabel("KiB", fontsize=15)
+    for ax in (ax_lanes, ax_bytes):
+        ax.tick_params(labelsize=14)
+    ax_bytes.yaxis.set_major_locator(plt.MaxNLocator(3))
 
 
 def timeline(reshard: list, keep: list, units: list[str]):
-    """Rank 0's step, resharding after forward (left) and keeping (right): each unit's
-    all-gathers, computations and reduce-scatters, grey while it is gathered."""
+    """Rank 0's step, resharding after forward (top) and keeping (bottom): each unit's
+    all-gathers, computations and reduce-scatters, grey while it is gathered; under
+    each, the gathered KiB. Stacked, 6.4 in wide, for a phone."""
     fig, axes = plt.subplots(
-        2, 2, figsize=(11, 4.8), sharex="col", gridspec_kw={"height_ratios": [2, 1]}
+        4, 1, figsize=(6.4, 9.6), gridspec_kw={"height_ratios": [2, 1, 2, 1]}
     )
-    _draw(axes[0, 0], axes[1, 0], reshard, units, "reshard_after_forward=True")
-    _draw(axes[0, 1], axes[1, 1], keep, units, "reshard_after_forward=False")
+    _draw(axes[0], axes[1], reshard, units, "reshard_after_forward=True")
+    _draw(axes[2], axes[3], keep, units, "reshard_after_forward=False")
+    for lanes, nums in ((axes[0], axes[1]), (axes[2], axes[3])):
+        nums.sharex(lanes)
+        lanes.tick_params(labelbottom=False)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in [*COLORS.values()]]
     handles.append(plt.Rectangle((0, 0), 1, 1, color="#e6e6e6"))
     fig.legend(
         handles,
         [*COLORS, "gathered"],
         loc="lower center",
-        ncol=5,
+        ncol=3,
         frameon=False,
+        fontsize=15,
+        handlelength=1.2,
+        columnspacing=1.0,
     )
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig

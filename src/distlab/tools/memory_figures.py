@@ -39,30 +39,40 @@ def holdings_figure(ranks: int = 4, dtype: str = "bf16_mixed", optimizer="adamw"
     import matplotlib.pyplot as plt
 
     whole = bytes_per_param(dtype, optimizer)
-    fig, grid = plt.subplots(2, 2, figsize=(8, 5.8), sharey=True)
+    # 6.4 in wide, fonts of 16 pt and more: readable at a phone's 360 px
+    fig, grid = plt.subplots(2, 2, figsize=(6.4, 7.2), sharey=True)
     axes = grid.ravel()
+    names = {"params": "params", "grads": "grads", "optimizer": "optim."}
     for ax, strategy in zip(axes, STAGE_NAMES.values()):
         held = per_rank_bytes(1.0, ranks, dtype, optimizer, strategy)
         for r in range(ranks):
             bottom = 0.0
             for part in PARTS:
                 size, mine = whole[part], held[part]
-                ax.bar(r, size, bottom=bottom, color="none", ec=COLORS[part], lw=1)
+                ax.bar(r, size, bottom=bottom, color="none", ec=COLORS[part], lw=1.2)
                 # a sharded part: this rank's 1/N slice, at its place in the part
                 at = bottom if mine == size else bottom + r * mine
-                label = part if (r == 0 and ax is axes[0]) else None
+                label = names[part] if (r == 0 and ax is axes[0]) else None
                 ax.bar(
                     r, mine, bottom=at, color=COLORS[part], ec="k", lw=0.4, label=label
                 )
                 bottom += size
-        ax.set_title(f"{STAGE_LABELS[strategy]}: {held['total']:g} bytes", fontsize=15)
-        ax.set_xticks(range(ranks), [f"rank {r}" for r in range(ranks)], fontsize=12)
-        ax.tick_params(axis="y", labelsize=12)
+        ax.set_title(f"{STAGE_LABELS[strategy]}: {held['total']:g} B", fontsize=18)
+        ax.set_xticks(range(ranks), [str(r) for r in range(ranks)], fontsize=16)
+        ax.set_yticks([0, 4, 8, 12, 16])
+        ax.tick_params(axis="y", labelsize=16)
         ax.spines[["top", "right"]].set_visible(False)
-    for ax in grid[:, 0]:
-        ax.set_ylabel("bytes per parameter", fontsize=13)
-    fig.legend(loc="lower center", ncol=3, fontsize=14, frameon=False)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.supxlabel("rank", fontsize=16, y=0.085)
+    fig.supylabel("bytes per parameter", fontsize=16)
+    fig.legend(
+        loc="lower center",
+        ncol=3,
+        fontsize=16,
+        frameon=False,
+        handlelength=1.2,
+        columnspacing=1.0,
+    )
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
@@ -71,7 +81,7 @@ def partition_figure(sizes: list[int], owners: list[int], ranks: int):
     owns (as wide as its elements), against the even split, Ψ/N."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 1 + 0.8 * ranks))
+    fig, ax = plt.subplots(figsize=(6.4, 1.6 + 0.9 * ranks))
     for r in range(ranks):
         left = 0
         mine = sorted((s for s, o in zip(sizes, owners) if o == r), reverse=True)
@@ -79,14 +89,16 @@ def partition_figure(sizes: list[int], owners: list[int], ranks: int):
             shade = COLORS["optimizer"] if i % 2 == 0 else "#f3c89b"
             ax.barh(r, size, left=left, color=shade, ec="k", lw=0.4)
             left += size
-        ax.text(left, r, f" {len(mine)} tensors", va="center", fontsize=12)
+        ax.text(left, r, f" {len(mine)} tensors", va="center", fontsize=16)
     even = sum(sizes) / ranks
     ax.axvline(even, color="k", ls="--", lw=1)
-    ax.text(even, -0.55, "Ψ/N", fontsize=12, ha="center", va="bottom")
-    ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)], fontsize=12)
-    ax.set_ylim(ranks - 0.5, -0.95)  # rank 0 on top, room for the label
-    ax.set_xlabel("parameters whose optimizer state the rank keeps", fontsize=12)
-    ax.set_xlim(0, 1.25 * max(even, ax.get_xlim()[1]))
+    ax.text(even, -0.55, "Ψ/N", fontsize=16, ha="center", va="bottom")
+    ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)], fontsize=16)
+    ax.set_ylim(ranks - 0.5, -1.05)  # rank 0 on top, room for the label
+    ax.set_xlabel("elements it keeps state for", fontsize=16)
+    ax.set_xlim(0, 1.6 * max(even, ax.get_xlim()[1]))
+    ax.tick_params(axis="x", labelsize=14)
+    ax.xaxis.set_major_locator(plt.MaxNLocator(3))
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
@@ -109,7 +121,7 @@ def zero1_step_views(traces: list[dict]) -> list[tuple[str, object]]:
     views = []
     n_tensors = len(traces[0]["grad"])
     for title, key, caption in ZERO1_PHASES:
-        fig, ax = plt.subplots(figsize=(9, 1.2 + 1.5 * len(traces)))
+        fig, ax = plt.subplots(figsize=(6.4, 1.4 + 1.7 * len(traces)))
         rows = []
         for r, trace in enumerate(traces):
             new = trace["local"] if key == "local" else trace["broadcast"]
@@ -118,20 +130,20 @@ def zero1_step_views(traces: list[dict]) -> list[tuple[str, object]]:
             strips = (
                 ("params", new, COLORS["params"]),  # grey: the old values
                 ("grads", trace["grad"], COLORS["grads"]),
-                ("AdamW state", trace["state"], COLORS["optimizer"]),
+                ("AdamW", trace["state"], COLORS["optimizer"]),
             )
             for name, filled, color in strips:
                 y = len(rows)
-                rows.append(f"rank {r} {name}")
+                rows.append(f"{r}: {name}")
                 for i, on in enumerate(filled):
                     face = color if on else ("#dddddd" if name == "params" else "none")
                     ax.barh(y, 1, left=i, color=face, ec="k", lw=0.3)
-        ax.set_yticks(range(len(rows)), rows, fontsize=11)
+        ax.set_yticks(range(len(rows)), rows, fontsize=16)
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.set_xlim(0, n_tensors)
         ax.set_xticks([])
-        ax.set_xlabel(f"the {n_tensors} tensors of the model, in order", fontsize=11)
-        ax.set_title(f"after {title}", fontsize=13)
+        ax.set_xlabel(f"the {n_tensors} tensors, in order", fontsize=16)
+        ax.set_title(f"after {title}", fontsize=17)
         for side in ("top", "right", "bottom"):
             ax.spines[side].set_visible(False)
         fig.tight_layout()
@@ -147,7 +159,7 @@ def stages_figure(psi: float = 7.5e9, ns: list[int] | None = None):
     ns = ns or [2**i for i in range(11)]
     colors = ["#888", "#3b6ea5", "#6c9bd2", "#e39b4c"]
     names = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
-    fig, (ax_bytes, ax_red) = plt.subplots(1, 2, figsize=(10, 4.6))
+    fig, (ax_bytes, ax_red) = plt.subplots(2, 1, figsize=(6.4, 11))
     for stage, strategy in STAGE_NAMES.items():
         gb = [
             per_rank_bytes(psi, n, "bf16_mixed", "adamw", strategy)["total"] / GB
@@ -157,11 +169,11 @@ def stages_figure(psi: float = 7.5e9, ns: list[int] | None = None):
     ax_bytes.set(
         yscale="log",
         ylabel="GB per rank",
-        title=f"{psi / 1e9:g}B parameters, bf16 mixed, AdamW",
+        title=f"{psi / 1e9:g}B parameters, bf16 mixed",
     )
     ax_bytes.axhline(32, color="k", lw=0.6, ls=":")
-    ax_bytes.text(2**6, 40, "32 GB (V100)", fontsize=11)
-    ax_bytes.legend(fontsize=10, loc="lower left")
+    ax_bytes.text(2**5, 40, "32 GB (V100)", fontsize=15)
+    ax_bytes.legend(fontsize=15, loc="lower left")
     for stage in (1, 2, 3):
         for dtype, style, marker in (("bf16_mixed", "-", None), ("fp32", "--", "x")):
             if stage == 3 and dtype == "fp32":
@@ -175,17 +187,23 @@ def stages_figure(psi: float = 7.5e9, ns: list[int] | None = None):
             )
     for limit in (2, 4, 8):
         ax_red.axhline(limit, color="k", lw=0.5, ls=":")
-        ax_red.text(1.05, limit + 0.2, f"{limit}x", fontsize=11)
-    ax_red.set(
-        ylim=(0, 12), ylabel="reduction vs DDP", title="model-state reduction per rank"
+        ax_red.text(1.05, limit + 0.2, f"{limit}x", fontsize=15)
+    ax_red.set(ylim=(0, 13), ylabel="reduction vs DDP", title="reduction per rank")
+    ax_red.legend(
+        fontsize=15,
+        loc="upper center",
+        ncol=2,
+        handlelength=1.5,
+        columnspacing=0.8,
+        bbox_to_anchor=(0.45, -0.2),
+        frameon=False,
     )
-    ax_red.legend(fontsize=9, loc="upper right")
     for ax in (ax_bytes, ax_red):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("ranks N", fontsize=12)
-        ax.yaxis.label.set_size(12)
-        ax.title.set_size(12)
-        ax.tick_params(labelsize=11)
+        ax.set_xlabel("ranks N", fontsize=16)
+        ax.yaxis.label.set_size(16)
+        ax.title.set_size(17)
+        ax.tick_params(labelsize=15)
     fig.tight_layout()
     return fig
 
@@ -207,7 +225,7 @@ def breakdown_figure(
     colors["activations"] = "#e39b4c"
     cases = [(s, False) for s in STAGE_NAMES.values()] + [("zero3", True)]
     estimates = {}
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    fig, ax = plt.subplots(figsize=(6.4, 5.4))
     for row, (strategy, ac) in enumerate(cases):
         est = estimate(
             model,
@@ -230,9 +248,16 @@ def breakdown_figure(
                 label=part if row == 0 else None,
             )
             left += est[part] or 0
-    ax.set_yticks(range(len(cases)), list(estimates))
+    ax.set_yticks(range(len(cases)), list(estimates), fontsize=16)
     ax.invert_yaxis()
-    ax.set_xlabel("GB per rank")
-    ax.legend(ncol=3, fontsize=11, loc="upper center", bbox_to_anchor=(0.5, -0.22))
+    ax.set_xlabel("GB per rank", fontsize=16)
+    ax.tick_params(axis="x", labelsize=15)
+    ax.legend(
+        ncol=2,
+        fontsize=15,
+        loc="upper center",
+        bbox_to_anchor=(0.4, -0.2),
+        frameon=False,
+    )
     fig.tight_layout()
     return fig, estimates
