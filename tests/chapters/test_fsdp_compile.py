@@ -56,7 +56,12 @@ def _bench(ac: str, gpu: str) -> dict:
     run = {"variant": "eager", "median_step_s": 1.0}
     settings = {"preset": "tiny", "batch_size": 2, "ac": ac, "dtype": "bf16"}
     return {
-        "provenance": {"settings": settings, "gpu_names": [gpu], "machine": gpu},
+        "provenance": {
+            "settings": settings,
+            "gpu_names": [gpu],
+            "machine": gpu,
+            "torch": "2.11.0+cu130",
+        },
         "runs": [run, {**run, "variant": "compiled (inductor)"}],
         "comparison": {"speedup": 1.0},
     }
@@ -77,5 +82,10 @@ def test_compute_share_counts_the_recompute_and_knows_its_peaks():
     assert (
         compute_share(_bench("full", "X"))["step_flops"] == plain["step_flops"] * 4 / 3
     )
+    # MFU counts the model's FLOPs, not the recompute; HFU counts what ran
+    full = compute_share(_bench("full", "NVIDIA H200"))
+    assert full["peak"] == ("H200 SXM", 989.5e12) and full["card"] == "H200 SXM"
+    assert full["runs"][0]["mfu"] == pytest.approx(plain["runs"][0]["mfu"])
+    assert full["runs"][0]["hfu"] == pytest.approx(full["runs"][0]["mfu"] * 4 / 3)
     unknown = compute_share(_bench("full", "Some GPU"))
     assert unknown["peak"] is None and unknown["runs"][0]["mfu"] is None
