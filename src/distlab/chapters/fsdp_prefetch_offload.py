@@ -309,15 +309,8 @@ def setting_figure(t: dict, title: str):
     _panel(ax, t, title, font=16)
     ax.set_ylabel("held (blocks)", fontsize=16)
     ax.set_xlabel("operators of one step, rank 0", fontsize=15)
-    fig.legend(
-        *ax.get_legend_handles_labels(),
-        loc="lower center",
-        ncol=2,
-        fontsize=14,
-        frameon=False,
-        handlelength=1,
-        columnspacing=1,
-    )
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=2,
+               fontsize=14, frameon=False, handlelength=1, columnspacing=1)  # fmt: skip
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     _gather_labels(ax, t, 16)
     return fig
@@ -334,15 +327,18 @@ def timeline_figure(prefetch: dict[str, dict], names: list[str]):
     """All the settings' panels, one under the other, for comparing them."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(names), 1, figsize=(10, 1.9 * len(names)), sharey=True)
+    font = 15  # a column of panels, 6 inches wide: readable on a phone too
+    fig, axes = plt.subplots(len(names), 1, figsize=(6, 2.9 * len(names)), sharey=True)
+    short = dict(zip(SETTINGS, SHORT))
     for ax, name in zip(axes, names):
-        _panel(ax, prefetch[name], name, font=9)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper right", ncol=2)
-    axes[-1].set_xlabel("operators of one step, rank 0")
-    fig.supylabel("held, in blocks")
-    fig.tight_layout(rect=(0, 0, 1, 0.985))
+        _panel(ax, prefetch[name], short[name], font=font)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2,
+               fontsize=font, frameon=False)  # fmt: skip
+    axes[-1].set_xlabel("operators of one step, rank 0", fontsize=font)
+    fig.supylabel("held, in blocks", fontsize=font)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
     for ax, name in zip(axes, names):
-        _gather_labels(ax, prefetch[name], 9)
+        _gather_labels(ax, prefetch[name], font)
     return fig
 
 
@@ -365,12 +361,14 @@ def offload_bench(bench: dict) -> dict:
 
 def offload_bench_figure(bench: dict):
     """The recorded GPU benchmark: step time, and GPU memory between steps and at
-    the peak, without and with CPUOffloadPolicy, per dtype."""
+    the peak, without and with CPUOffloadPolicy, per dtype. One column, large
+    labels: it is read on phones."""
     import matplotlib.pyplot as plt
 
+    font = 15
     runs = offload_bench(bench)["runs"]
     dtypes = bench["settings"]["dtypes"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, (left, right) = plt.subplots(2, 1, figsize=(5, 6.6))
     width = 0.38
     for k, (offload, color) in enumerate(((False, BLUE), (True, ORANGE))):
         label = "CPUOffloadPolicy" if offload else "no offload"
@@ -382,19 +380,20 @@ def offload_bench_figure(bench: dict):
             [1e3 * max(s) - m for m, s in zip(med, steps)],
         ]
         left.bar(xs, med, width, color=color, label=label, yerr=spread, capsize=3)
-        between = [
-            runs[(d, offload)]["gpu_bytes_between_steps"] / 2**30 for d in dtypes
-        ]
+        gib = [runs[(d, offload)]["gpu_bytes_between_steps"] for d in dtypes]
+        between = [b / 2**30 for b in gib]
         top = [runs[(d, offload)]["peak_gpu_bytes"] / 2**30 for d in dtypes]
         right.bar(xs, top, width, color=color, alpha=0.35)
         right.bar(xs, between, width, color=color, label=label)
     for ax, title in (
         (left, "step (ms): median, min-max"),
-        (right, "GPU GiB: between steps (solid), peak (pale)"),
+        (right, "GPU GiB: between steps (solid)\nand at the peak (pale)"),
     ):
-        ax.set_xticks(range(len(dtypes)), dtypes, fontsize=11)
-        ax.set_title(title, fontsize=11, loc="left")
-        ax.tick_params(labelsize=10)
-    left.legend(fontsize=10, frameon=False)
-    fig.tight_layout()
+        ax.set_xticks(range(len(dtypes)), dtypes, fontsize=font)
+        ax.set_title(title, fontsize=font, loc="left")
+        ax.tick_params(labelsize=font - 1)
+        ax.spines[["top", "right"]].set_visible(False)
+    fig.legend(*left.get_legend_handles_labels(), loc="lower center", ncol=2,
+               fontsize=font - 1, frameon=False, handlelength=1)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig

@@ -29,13 +29,17 @@ def stages(results: list[dict]) -> dict[str, list[tuple[int, int, int]]]:
 
 def load_path_figure(results: list[dict], whole_bytes: int):
     """Stacked bars, one per rank and stage, in KiB; a dashed line at the whole
-    model's parameters (``whole_bytes``, as one process holds them)."""
+    model's parameters (``whole_bytes``, as one process holds them). Narrow, with
+    large labels: it is read on phones."""
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
+    font = 16
     data = stages(results)
     n = len(results)
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    fig, ax = plt.subplots(figsize=(5, 5.4))
     ticks, labels = [], []
+    below = ax.get_xaxis_transform()  # x: data, y: axes fraction
     for group, (stage, ranks) in enumerate(data.items()):
         for rank, parts in enumerate(ranks):
             x = group * (n + 1) + rank
@@ -43,24 +47,29 @@ def load_path_figure(results: list[dict], whole_bytes: int):
             for part, color in zip(parts, (SHARDS, WHOLE, IN_FLIGHT)):
                 ax.bar(x, part / 1024, bottom=bottom, color=color, width=0.85)
                 bottom += part / 1024
-            ax.text(x, -12, f"r{rank}", ha="center", va="top", fontsize=12)
+            ticks.append(x)
+            labels.append(f"r{rank}")
             if bottom == 0:  # nothing allocated: say so
-                ax.text(x, 8, "0", ha="center", va="bottom", fontsize=12)
-        ticks.append(group * (n + 1) + (n - 1) / 2)
-        labels.append(stage.replace(" (", "\n("))
+                ax.text(x, 8, "0", ha="center", va="bottom", fontsize=font)
+        middle = group * (n + 1) + (n - 1) / 2
+        name = stage.replace(" (", "\n(").replace("built on ", "")
+        ax.text(middle, -0.1, name, ha="center", va="top", fontsize=font,
+                transform=below)  # fmt: skip
     ax.axhline(whole_bytes / 1024, ls="--", color="black", lw=1)
-    ax.text(
-        ticks[1], whole_bytes / 1024 * 1.03, "the whole model", ha="center", fontsize=12
-    )
-    ax.set_xticks(ticks, labels, fontsize=12)
-    ax.tick_params(axis="x", pad=16, length=0)
-    ax.set_ylabel("KiB on the rank", fontsize=13)
-    for color, name in ((SHARDS, "its shards"), (WHOLE, "whole dict (rank 0)")):
-        ax.bar(0, 0, color=color, label=name)
-    ax.bar(0, 0, color=IN_FLIGHT, label="one full tensor")
-    ax.legend(fontsize=12, loc="upper left", frameon=False)
+    ax.text(-0.4, whole_bytes / 1024 * 1.03, "the whole model", fontsize=font)
+    ax.set_xticks(ticks, labels, fontsize=font - 2)
+    ax.tick_params(axis="x", length=0)
+    ax.tick_params(axis="y", labelsize=font - 2)
+    ax.set_ylabel("KiB on the rank", fontsize=font)
     ax.spines[["top", "right"]].set_visible(False)
-    fig.tight_layout()
+    handles = [
+        Patch(color=SHARDS, label="its shards"),
+        Patch(color=WHOLE, label="whole dict (rank 0)"),
+        Patch(color=IN_FLIGHT, label="one full tensor"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=font - 1,
+               frameon=False, handlelength=1, columnspacing=1)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     return fig
 
 
@@ -68,13 +77,15 @@ def broadcast_step_figure(results: list[dict], k: int):
     """The load by broadcast after tensor ``k`` of the dict arrived. Top: the dict's
     tensors, each as wide as its bytes: loaded (grey), arriving (red), to come
     (white). Below: each rank's bytes at that moment: its shards, rank 0's whole
-    dict, and rank 1's receive buffer of the whole tensor ``k``."""
+    dict, and rank 1's receive buffer of the whole tensor ``k``. Narrow, with large
+    labels: it is read on phones."""
     import matplotlib.pyplot as plt
 
+    font = 15
     tensors = results[0]["load"]["tensors"]
     name, whole, _ = tensors[k]
     fig, (strip, ax) = plt.subplots(
-        2, 1, figsize=(6.4, 3.4), gridspec_kw={"height_ratios": [0.5, 1.4]}
+        2, 1, figsize=(5, 3.6), gridspec_kw={"height_ratios": [0.5, 1.4]}
     )
     left = 0.0
     for j, (_, size, _) in enumerate(tensors):
@@ -82,7 +93,7 @@ def broadcast_step_figure(results: list[dict], k: int):
         strip.barh(0, size / 1024, left=left, color=color, edgecolor="black", lw=0.5)
         left += size / 1024
     strip.set_axis_off()
-    strip.set_title(f"tensor {k + 1} of {len(tensors)}: {name}", fontsize=12)
+    strip.set_title(f"tensor {k + 1} of {len(tensors)}\n{name}", fontsize=font)
     for rank, r in enumerate(results):
         parts = (
             r["load"]["shard bytes"],
@@ -96,9 +107,9 @@ def broadcast_step_figure(results: list[dict], k: int):
     peak = max(r["load"]["shard bytes"] + r["load"]["dict bytes"] for r in results)
     ax.set_xlim(0, peak / 1024 * 1.05)
     ax.set_yticks(range(len(results)), [f"rank {r}" for r in range(len(results))])
-    ax.tick_params(labelsize=12)
+    ax.tick_params(labelsize=font)
     ax.invert_yaxis()
-    ax.set_xlabel("KiB on the rank", fontsize=12)
+    ax.set_xlabel("KiB on the rank", fontsize=font)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig

@@ -58,51 +58,41 @@ def sent_psi(record: dict) -> float:
 
 
 def bytes_figure(volumes: dict, marks: dict[str, float]):
-    """One bar per strategy: the Psi each rank sends per step, a segment per
-    collective (colour: kind; label: phase), with the textbook's figures as lines."""
+    """One bar per strategy, its name above it: the Psi each rank sends per step, a
+    segment per collective (colour: kind; label: phase), with the textbook's figures
+    as dotted lines. Narrow and tall, with few large labels: it is read on phones."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    font = 16
     names = list(volumes)
-    fig, ax = plt.subplots(figsize=(7, 0.68 * len(names) + 1.3))
+    fig, ax = plt.subplots(figsize=(5, 0.78 * len(names) + 1.9))
     for row, name in enumerate(names):
+        ax.text(0, row - 0.32, name, ha="left", va="bottom", fontsize=font,
+                bbox={"color": "white", "pad": 0}, zorder=3)  # fmt: skip
         left = 0.0
         for phase, kind, _, psi in segments(volumes[name]):
-            ax.barh(row, psi, left=left, color=COLOURS[kind], edgecolor="white")
+            ax.barh(row, psi, left=left, height=0.5, color=COLOURS[kind])
+            ax.barh(row, psi, left=left, height=0.5, fill=False, edgecolor="white")
             if psi > 0.3:
                 label = PHASE_LABEL[phase]
-                ax.text(
-                    left + psi / 2,
-                    row,
-                    label,
-                    ha="center",
-                    va="center",
-                    color="white",
-                    fontsize=15,
-                )
+                ax.text(left + psi / 2, row, label, ha="center", va="center",
+                        color="white", fontsize=font)  # fmt: skip
             left += psi
     for text, x in marks.items():
         ax.axvline(x, color="black", linestyle=":", linewidth=1.5)
-        ax.text(x - 0.02, -0.7, text, ha="right", va="bottom", fontsize=15)
-    ax.set_yticks(range(len(names)), [two_lines(n) for n in names], fontsize=15)
+        ax.text(x, -1.0, text, ha="center", va="bottom", fontsize=font)
+    ax.set_yticks([])
     ax.set_xlim(0, 1.05 * max(sent_psi(v) for v in volumes.values()))
-    ax.invert_yaxis()
-    ax.set_ylim(len(names) - 0.5, -1.1)
-    ax.set_xlabel("bytes each rank sends per step, in Ψ", fontsize=15)
-    ax.tick_params(axis="x", labelsize=14)
-    ax.spines[["top", "right"]].set_visible(False)
+    ax.set_ylim(len(names) - 0.6, -1.05)
+    ax.set_xlabel("Ψ each rank sends per step", fontsize=font)
+    ax.tick_params(axis="x", labelsize=font)
+    ax.spines[["top", "right", "left"]].set_visible(False)
     seen = {kind for v in volumes.values() for _, kind, _, _ in segments(v)}
-    used = [k for k in KINDS if k in seen]
-    handles = [Patch(color=COLOURS[k], label=k) for k in used]
-    fig.legend(
-        handles=handles,
-        loc="lower center",
-        ncol=2,
-        fontsize=13,
-        frameon=False,
-        bbox_to_anchor=(0.5, 0.0),
-    )
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    handles = [Patch(color=COLOURS[k], label=k) for k in KINDS if k in seen]
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=font,
+               frameon=False, handlelength=1, columnspacing=1)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     return fig
 
 
@@ -141,12 +131,14 @@ def _ring(ax, ranks, kind: str) -> None:
 
 
 def group_figure(records: list[dict], name: str):
-    """Three panels (forward, backward, optimizer step) of one strategy: the 4 ranks
-    at their mesh places, each group a collective ran in as its ring (colour: kind),
-    and what each rank sent in that phase, in Psi."""
+    """Three rows (forward, backward, optimizer step) of one strategy: the 4 ranks at
+    their mesh places, each group a collective ran in as its ring (colour: kind),
+    and beside them what each rank sent in that phase, in Psi. One column, large
+    labels: it is read on phones."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(8, 4.8))
+    font = 17
+    fig, axes = plt.subplots(3, 1, figsize=(5, 6.4))
     for ax, phase in zip(axes, ("forward", "backward", "step")):
         groups = _groups(records, phase)
         lines = defaultdict(float)
@@ -158,25 +150,20 @@ def group_figure(records: list[dict], name: str):
         ):
             lines[kind] += psi
         for rank, (x, y) in POSITION.items():
-            ax.scatter(x, y, s=950, color="white", edgecolor="black", zorder=3)
-            ax.text(x, y, str(rank), ha="center", va="center", fontsize=18, zorder=4)
+            ax.scatter(x, y, s=600, color="white", edgecolor="black", zorder=3)
+            ax.text(x, y, str(rank), ha="center", va="center", fontsize=font, zorder=4)
+        title = phase if phase != "step" else "optimizer step"
+        ax.text(2.0, 1.35, title, ha="left", va="top", fontsize=font,
+                fontweight="bold")  # fmt: skip
         for i, (kind, psi) in enumerate(lines.items()):
-            ax.text(
-                0.5,
-                -0.6 - 0.95 * i,
-                f"{kind}\n{psi:.2f} Ψ",
-                ha="center",
-                va="top",
-                color=COLOURS[kind],
-                fontsize=18,
-            )
+            ax.text(2.0, 0.85 - 0.45 * i, f"{kind}: {psi:.2f} Ψ", ha="left",
+                    va="top", color=COLOURS[kind], fontsize=font)  # fmt: skip
         if not lines:
-            ax.text(0.5, -0.75, "nothing", ha="center", va="top", fontsize=18)
-        ax.set_title(phase if phase != "step" else "optimizer step", fontsize=20)
-        ax.set_xlim(-0.7, 1.7)
-        ax.set_ylim(-3.4, 1.5)
+            ax.text(2.0, 0.85, "nothing sent", ha="left", va="top", fontsize=font)
+        ax.set_xlim(-0.5, 5.3)
+        ax.set_ylim(-0.5, 1.5)
         ax.set_aspect("equal")
         ax.axis("off")
-    fig.suptitle(name.replace("(", "· ").rstrip(")"), fontsize=20)
-    fig.tight_layout()
+    fig.suptitle(name, fontsize=font + 1)
+    fig.tight_layout(h_pad=0.2)
     return fig
