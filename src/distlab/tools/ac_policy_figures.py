@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-FONT = 12  # read on a phone: few labels, large letters
+FONT = 13  # read on a phone (~360 px wide): few labels, large letters
 EAGER, COMPILED, OFFLOAD = "#4c72b0", "#55a868", "#c44e52"
 KINDS = ("matmul", "attention", "LayerNorm", "GELU")
 
@@ -41,7 +41,7 @@ def tradeoff_figure(bench: dict, cap: float = 1.4):
     their ratio."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.8, 4.0))
+    fig, ax = plt.subplots(figsize=(5.0, 4.4))
     for r in bench["runs"]:
         name, offset = SHORT.get(r["config"], (r["config"], (6, 6)))
         x, y = r["kept_after_forward"] / 1e9, r["time_vs_none"]
@@ -59,6 +59,7 @@ def tradeoff_figure(bench: dict, cap: float = 1.4):
             textcoords="offset points",
             fontsize=FONT - 1,
             color=colour,
+            annotation_clip=False,
         )
     ax.set_ylim(0.9, cap)
     ax.set_xlim(-0.2, 5.6)
@@ -95,10 +96,13 @@ def recompute_counts(ops: dict[str, int], blocks: int = 1) -> dict[str, float]:
     return {kind: n / blocks for kind, n in counts.items()}
 
 
+HEADS = {"matmul": "mm", "attention": "attn", "LayerNorm": "LN", "GELU": "GELU"}
+
+
 def policy_figure(costs: dict[str, dict], budgets: list[dict], n_layer: int):
     """Left: bytes kept for backward, as a fraction of no checkpointing (eager: the
-    whole model after forward; compiled: one block's saved tensors). Right: operators
-    rerun in backward per block, by kind."""
+    whole model after forward; compiled, green: one block's saved tensors). Right:
+    operators rerun in backward per block, by kind."""
     import matplotlib.pyplot as plt
 
     rows = []
@@ -112,7 +116,7 @@ def policy_figure(costs: dict[str, dict], budgets: list[dict], n_layer: int):
     for r in budgets[1:]:
         rows.append(
             (
-                f"compiled, budget {r['budget']}",
+                f"budget {r['budget']}",
                 r["saved"] / eager_block,
                 recompute_counts(r["recomputed_ops"]),
             )
@@ -120,14 +124,14 @@ def policy_figure(costs: dict[str, dict], budgets: list[dict], n_layer: int):
     fig, (bars, grid) = plt.subplots(
         1,
         2,
-        figsize=(7.2, 0.5 * len(rows) + 1.4),
-        gridspec_kw={"width_ratios": [1.1, 2]},
+        figsize=(5.2, 0.5 * len(rows) + 1.3),
+        gridspec_kw={"width_ratios": [1, 1.5]},
         sharey=True,
     )
     for i, (label, kept, counts) in enumerate(rows):
-        colour = COMPILED if label.startswith("compiled") else EAGER
+        colour = COMPILED if label.startswith("budget") else EAGER
         bars.barh(i, kept, color=colour)
-        bars.text(kept + 0.03, i, f"{kept:.2f}", va="center", fontsize=FONT - 2)
+        bars.text(kept + 0.04, i, f"{kept:.2f}", va="center", fontsize=FONT - 1)
         for j, kind in enumerate(KINDS):
             n = counts[kind]
             grid.add_patch(
@@ -136,20 +140,23 @@ def policy_figure(costs: dict[str, dict], budgets: list[dict], n_layer: int):
                 )
             )
             grid.text(j + 0.5, i, f"{n:g}", ha="center", va="center", fontsize=FONT)
-    bars.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=FONT - 1)
+    bars.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=FONT)
     bars.invert_yaxis()
-    bars.set_xlim(0, 1.35)
-    bars.set_title("kept (x none)", fontsize=FONT)
-    bars.tick_params(axis="x", labelsize=FONT - 2)
+    bars.set_xlim(0, 1.6)
+    bars.set_xticks([0, 1])
+    bars.set_title("kept", fontsize=FONT)
+    bars.tick_params(axis="x", labelsize=FONT - 1)
     grid.set_xlim(0, len(KINDS))
-    grid.set_xticks([j + 0.5 for j in range(len(KINDS))], KINDS, fontsize=FONT - 1)
+    grid.set_xticks(
+        [j + 0.5 for j in range(len(KINDS))], [HEADS[k] for k in KINDS], fontsize=FONT
+    )
     grid.xaxis.tick_top()
-    grid.set_title("rerun in backward, per block", fontsize=FONT, pad=24)
+    grid.set_title("rerun per block", fontsize=FONT, pad=26)
     grid.tick_params(length=0)
     for ax in (bars, grid):
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
     for side in ("left", "bottom"):
         grid.spines[side].set_visible(False)
-    fig.tight_layout()
+    fig.tight_layout(w_pad=0.3)
     return fig

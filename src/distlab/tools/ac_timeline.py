@@ -158,8 +158,9 @@ def timeline_figure(steps: dict[str, dict], shown: str):
     step = steps[shown]
     none = next(iter(steps.values()))
     scale = none["end"]  # no checkpointing's whole step = 1
+    # narrow and tall, large type: shown ~360 px wide on a phone
     fig, (lanes, memory) = plt.subplots(
-        2, 1, figsize=(5.6, 4.6), sharex=True, height_ratios=[3, 2]
+        2, 1, figsize=(4.6, 5.4), sharex=True, height_ratios=[3, 2]
     )
     n = len(step["checkpointed"])
     # a recompute runs inside its block's backward: drawn on top of it
@@ -168,7 +169,7 @@ def timeline_figure(steps: dict[str, dict], shown: str):
     ):
         width = (end - start) / scale
         if kind == "recompute":  # selective's is a sliver: kept visible
-            width = max(width, 0.008)
+            width = max(width, 0.01)
         lanes.barh(
             n - 1 - block, width, left=start / scale, height=0.7,
             color=COLORS[kind], edgecolor="white", linewidth=0.5,
@@ -176,24 +177,29 @@ def timeline_figure(steps: dict[str, dict], shown: str):
     lanes.set_yticks(
         range(n),
         [
-            f"block {i}" + (" (ckpt)" if step["checkpointed"][i] else "")
+            f"{i}" + (" ckpt" if step["checkpointed"][i] else "")
             for i in reversed(range(n))
         ],
-        fontsize=12,
+        fontsize=13,
     )
+    lanes.set_ylabel("block", fontsize=13)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    lanes.legend(handles, COLORS, ncol=3, fontsize=10, loc="lower left",
-                 handlelength=1, columnspacing=0.8)  # fmt: skip
-    lanes.set_title(shown, fontsize=14)
-    lanes.set_ylim(-1.6, n - 0.4)
-    for s, style in ((none, {"color": "0.75"}), (step, {"color": "black"})):
+    lanes.legend(handles, COLORS, ncol=3, fontsize=12, loc="lower center",
+                 bbox_to_anchor=(0.45, 1.0), frameon=False, handlelength=0.8,
+                 columnspacing=0.6, handletextpad=0.3)  # fmt: skip
+    fig.suptitle(shown, fontsize=15)
+    lanes.set_ylim(-0.6, n - 0.4)
+    for s, style in ((none, {"color": "0.7"}), (step, {"color": "black"})):
         x = [t / scale for t, _ in s["samples"]]
-        memory.plot(x, [b / 1e6 for _, b in s["samples"]], lw=1.6, **style)
-    memory.set_ylabel("alive (MB)", fontsize=12)
-    memory.set_xlabel("work (FLOPs; no checkpointing = 1)", fontsize=12)
+        memory.plot(x, [b / 1e6 for _, b in s["samples"]], lw=1.8, **style)
+    memory.set_ylabel("MB alive", fontsize=13)
+    memory.set_xlabel("work (none = 1)", fontsize=13)
     memory.set_ylim(0, None)
     memory.set_xlim(0, max(s["end"] for s in steps.values()) / scale)
-    memory.tick_params(labelsize=11)
+    memory.tick_params(labelsize=12)
+    lanes.tick_params(labelsize=12)
+    for ax in (lanes, memory):
+        ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
 
