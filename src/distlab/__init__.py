@@ -50,8 +50,9 @@ Around it, one subpackage per role:
                 (``fsdp_compile_figures``)
     bench/      the benchmarks (``python -m distlab.bench``,
                 ``python -m distlab.bench.ddp``, ...), the lab scripts as the labs
-                benchmark runs them (``lab_scripts``) and the recorded results'
-                provenance
+                benchmark runs them (``lab_scripts``), the recorded results'
+                provenance, and their reading: goals met only outside the repeats'
+                spread (``report``), bytes held and sent per strategy (``bench_bytes``)
     infra/      plumbing for pages and tests: launching ranks from a notebook,
                 repository paths, the experiment harness, tables, lab diffs, the
                 page anatomy (``page_anatomy``; pages' sources read by ``myst``),

@@ -83,7 +83,7 @@ class TrainConfig:
     batch_size: int = 16
     # sequences per forward/backward on one rank (what memory allows)
     micro_batch_size: int = 4
-    # all-reduce after every micro-batch (to measure no_sync)
+    # sync gradients after every micro-batch (to measure what skipping saves)
     sync_every_micro_batch: bool = False
     lr: float = 1e-3  # peak learning rate, reached after warm-up
     min_lr: float = 1e-4  # the cosine decay ends here

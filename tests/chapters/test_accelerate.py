@@ -124,3 +124,14 @@ def test_skips_sync_checker_catches_wrong_answers():
     ):
         # the lab unchanged
         check_skips_sync(lambda accelerator, model: contextlib.nullcontext())
+
+
+# ------------------------------------------------------------ the prepare-tree figure
+def test_prepare_tree_draws_one_panel_per_setup():
+    # the page draws the real trees; here only the drawing's shape, from fixed rows
+    from distlab.tools.prepare_tree import draw
+
+    rows = [(0, "DistributedDataParallel"), (1, "GPT + autocast"), (0, "Opt(AdamW)")]
+    fig = draw({"a": rows, "b": rows[1:]})
+    assert len(fig.axes) == 2
+    assert [t.get_text() for t in fig.axes[0].texts] == [r[1] for r in rows]

@@ -350,17 +350,19 @@ def test_loss_agreement_goal_table_and_a_missing_run():
                 "compared": "c",
                 "target": ">= 1",
                 "measured": None,
+                "low": None,
                 "met": None,
+                "verdict": "not measured",
             }
         ]
     )
     assert rows == [
         {
             "goal": "g",
-            "compared": "c",
             "target": ">= 1",
-            "measured": "not measured",
-            "": "-",
+            "measured": "-",
+            "range": "-",
+            "verdict": "not measured",
         }
     ]
 

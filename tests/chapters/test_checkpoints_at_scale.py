@@ -1,15 +1,13 @@
 """What book/checkpoints_at_scale.md does not run: Young's interval on the
-fault-tolerance chapter's example and its bad inputs, and the straggler detector's bad
-threshold. The page asserts its launch (async_save's snapshot, StateDictOptions rank by
-rank, the converters' equal bytes, the detector on fixed times) and the elastic timer's
-kill of a hung worker."""
+fault-tolerance chapter's example and its bad inputs, and the timeline figure on fixed
+times. The page asserts its launch (async_save's snapshot, StateDictOptions rank by
+rank, the converters' equal bytes)."""
 
 import math
 
 import pytest
 
-from distlab.chapters.checkpoints_at_scale import young_interval
-from distlab.tools.stragglers import StragglerDetector
+from distlab.chapters.checkpoints_at_scale import save_timeline, young_interval
 
 
 def test_young_interval_and_errors():
@@ -19,5 +17,9 @@ def test_young_interval_and_errors():
     assert waste == pytest.approx(math.sqrt(2 * 60 / 86400))
     with pytest.raises(ValueError, match="positive"):
         young_interval(0, 86400)
-    with pytest.raises(ValueError, match="threshold"):
-        StragglerDetector(every=5, threshold=1.0)
+
+
+def test_timeline_bars_from_the_times():
+    fig = save_timeline({"save": 0.3, "async_blocked": 0.1, "async_total": 0.5})
+    widths = sorted(round(p.get_width() * 1000) / 1000 for p in fig.axes[0].patches)
+    assert widths == [100.0, 300.0, 400.0]

@@ -9,7 +9,7 @@ memory) are in ``distlab.chapters.benchmarks``, as are ``run`` and ``activations
 which read one run of a result for both.
 
     result = load_result("results/bench/cpu_shakespeare_fp32.json")
-    targets(result)       # each goal of the project: measured value, met or not
+    targets(result)       # each goal: measured value, its range, met/missed/noise
     gpu_section(recorded_results())  # what the chapter shows of the GPU recordings
 """
 
@@ -33,39 +33,89 @@ def recorded_results(folder: str | Path = RESULTS) -> dict[str, dict]:
     return {p.stem: load_result(p) for p in sorted(Path(folder).glob("*.json"))}
 
 
-# (name, what is compared, goal, direction, how it is computed from the runs)
+def _tps(r: dict) -> list[float]:
+    """A run's tokens/s, one per recorded repeat (the median alone for old files)."""
+    return list(r.get("tokens_per_s_repeats") or [r["tokens_per_s"]])
+
+
+def ratio_range(a: list[float], b: list[float]) -> tuple[float, float]:
+    """The smallest and largest a/b that the repeats allow: min(a)/max(b) to
+    max(a)/min(b). One number each gives one point, which no verdict rests on."""
+    return min(a) / max(b), max(a) / min(b)
+
+
+def verdict(low: float, high: float, goal: float, direction: str, exact: bool) -> str:
+    """ "met" or "missed" only when the whole range from ``low`` to ``high`` sits on one
+    side of ``goal``; a range that straddles it is "within noise". A timing with no
+    repeats (``low == high`` and not ``exact``) is "within noise" too: one sample never
+    carries a verdict. Counted bytes are ``exact``: their range is a point."""
+    if low == high and not exact:
+        return "within noise"
+    ok_low = low >= goal if direction == ">=" else low <= goal
+    ok_high = high >= goal if direction == ">=" else high <= goal
+    if ok_low and ok_high:
+        return "met"
+    if not ok_low and not ok_high:
+        return "missed"
+    return "within noise"
+
+
+def _mfu(R) -> tuple[float, float, float] | None:
+    r = R("lab1_single", 1)
+    if r["mfu"] is None:
+        return None
+    # one peak was measured per run: MFU moves with the repeats' tokens/s
+    per = [r["mfu"] * t / r["tokens_per_s"] for t in _tps(r)]
+    return r["mfu"], min(per), max(per)
+
+
+def _speed(R, a: tuple, b: tuple, inverse: bool = False):
+    ra, rb = R(*a), R(*b)
+    lo, hi = ratio_range(_tps(ra), _tps(rb))
+    value = ra["tokens_per_s"] / rb["tokens_per_s"]
+    if inverse:  # a step-time ratio is the inverse tokens/s ratio
+        return 1 / value, 1 / hi, 1 / lo
+    return value, lo, hi
+
+
+def _point(value: float) -> tuple[float, float, float]:
+    return value, value, value
+
+
+# (name, what is compared, goal, direction, exact (counted, not timed), how it is
+# computed from the runs: (value, low, high))
 _GOALS = [
     (
         "lab 1 MFU",
         "lab 1, fp32, 1 process: MFU of the measured matmul peak",
         0.80,
         ">=",
-        lambda R: R("lab1_single", 1)["mfu"],
+        False,
+        _mfu,
     ),
     (
         "DDP vs lab 1",
         "tokens/s: lab 2 on 2 ranks / lab 1 on 1",
         0.90,
         ">=",
-        lambda R: (
-            R("lab2_ddp", 2)["tokens_per_s"] / R("lab1_single", 1)["tokens_per_s"]
-        ),
+        False,
+        lambda R: _speed(R, ("lab2_ddp", 2), ("lab1_single", 1)),
     ),
     (
         "FSDP2 vs DDP",
         "tokens/s: lab 4 / lab 3 (same micro-batches), 2 ranks",
         0.90,
         ">=",
-        lambda R: (
-            R("lab4_fsdp2", 2)["tokens_per_s"] / R("lab3_grad_accum", 2)["tokens_per_s"]
-        ),
+        False,
+        lambda R: _speed(R, ("lab4_fsdp2", 2), ("lab3_grad_accum", 2)),
     ),
     (
         "FSDP2 state",
         "model state bytes per rank: lab 4 / lab 3, 2 ranks",
         0.52,
         "<=",
-        lambda R: (
+        True,
+        lambda R: _point(
             R("lab4_fsdp2", 2)["state_bytes_per_rank"]["total"]
             / R("lab3_grad_accum", 2)["state_bytes_per_rank"]["total"]
         ),
@@ -75,14 +125,18 @@ _GOALS = [
         "step time: lab 5 (full AC) / lab 4, 2 ranks",
         1.35,
         "<=",
-        lambda R: R("lab5_activation_ckpt", 2)["step_s"] / R("lab4_fsdp2", 2)["step_s"],
+        False,
+        lambda R: _speed(
+            R, ("lab5_activation_ckpt", 2), ("lab4_fsdp2", 2), inverse=True
+        ),
     ),
     (
         "full AC activations",
         "activation bytes at the peak: lab 5 / lab 4, 2 ranks",
         0.20,
         "<=",
-        lambda R: (
+        True,
+        lambda R: _point(
             activations(R("lab5_activation_ckpt", 2)) / activations(R("lab4_fsdp2", 2))
         ),
     ),
@@ -90,8 +144,11 @@ _GOALS = [
 
 
 def targets(result: dict) -> list[dict]:
-    """Each goal with its measured value; ``met`` is None where the runs it needs
-    are missing."""
+    """Each goal with its measured value and the range its repeats allow (``low``,
+    ``high``). ``verdict`` is "met" or "missed" only where that range lies wholly on
+    one side of the goal, else "within noise" (see ``verdict``); ``met`` is True or
+    False with it, None when within noise or when the runs it needs are missing
+    ("not measured", with ``missing``)."""
 
     def R(lab: str, n: int) -> dict:  # noqa: N802 - reads like the table
         found = run(result, lab, n)
@@ -100,50 +157,38 @@ def targets(result: dict) -> list[dict]:
         return found
 
     rows = []
-    for name, compared, goal, direction, compute in _GOALS:
+    for name, compared, goal, direction, exact, compute in _GOALS:
+        row = {"goal": name, "compared": compared, "target": f"{direction} {goal}"}
         # the one figure a run may leave None
         missing = "an MFU: it came out above 1 and was not recorded"
         try:
-            value = compute(R)
+            got = compute(R)
         except LookupError as err:
-            value, missing = None, str(err)
-        if value is None:
-            rows.append(
-                {
-                    "goal": name,
-                    "compared": compared,
-                    "target": f"{direction} {goal}",
-                    "measured": None,
-                    "met": None,
-                    "missing": missing,
-                }
-            )
-            continue
-        met = value >= goal if direction == ">=" else value <= goal
-        rows.append(
-            {
-                "goal": name,
-                "compared": compared,
-                "target": f"{direction} {goal}",
-                "measured": value,
-                "met": met,
-            }
-        )
+            got, missing = None, str(err)
+        if got is None:
+            row.update(measured=None, low=None, high=None, met=None)
+            row.update(verdict="not measured", missing=missing)
+        else:
+            value, low, high = got
+            said = verdict(low, high, goal, direction, exact)
+            met = {"met": True, "missed": False}.get(said)
+            row.update(measured=value, low=low, high=high, met=met, verdict=said)
+        rows.append(row)
     return rows
 
 
 def print_targets(result: dict) -> None:
-    print("\ngoal                  target   measured")
+    print("\ngoal                  target   measured (range of the repeats)")
     for row in targets(result):
-        if row["met"] is None:
+        if row["measured"] is None:
             print(
                 f"{row['goal']:21} {row['target']:>8}   not measured (no "
                 f"{row['missing']})"
             )
         else:
             print(
-                f"{row['goal']:21} {row['target']:>8}   {row['measured']:.3f}  "
-                f"{'met' if row['met'] else 'MISSED'}"
+                f"{row['goal']:21} {row['target']:>8}   {row['measured']:.3f} "
+                f"({row['low']:.2f}-{row['high']:.2f})  {row['verdict'].upper()}"
             )
 
 

@@ -182,6 +182,8 @@ def inspect_config(env: dict[str, str], save_dir: str) -> dict:
     saved = [t.to_local() if hasattr(t, "to_local") else t for t in saved.values()]
     accelerator.save_state(save_dir)
     accelerator.wait_for_everyone()
+    # what a script calls to export the model: a collective, full tensors on rank 0
+    exported = accelerator.get_state_dict(model)
     files = {
         str(p.relative_to(save_dir)): p.stat().st_size
         for p in sorted(Path(save_dir).rglob("*"))
@@ -200,6 +202,8 @@ def inspect_config(env: dict[str, str], save_dir: str) -> dict:
             else None,
         },
         "units": list(units),
+        "param dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "mixed precision policy": plugin.mixed_precision_policy is not None,
         "resharded after forward": resharded,
         "mesh": f"{mesh.device_type} {tuple(mesh.shape)}",
         "forward all-gathers": forward.counts().get("all-gather", 0),
@@ -215,6 +219,7 @@ def inspect_config(env: dict[str, str], save_dir: str) -> dict:
         "saved tensors": len(saved),
         "saved tensor bytes": sum(t.numel() * t.element_size() for t in saved),
         "files": files,
+        "get_state_dict tensors": len(exported),
     }
 
 

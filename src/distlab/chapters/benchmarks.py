@@ -195,17 +195,17 @@ def ac_tradeoff_table(result: dict, ranks=(1, 2, 4)) -> list[dict]:
 
 
 def goal_table(goal_rows: list[dict]) -> list[dict]:
-    """``distlab.bench.report.targets`` rows formatted for the page."""
-    verdict = {True: "met", False: "missed", None: "-"}
+    """``distlab.bench.report.targets`` rows formatted for the page: the measured
+    value, the range the repeats allow, and the verdict (met, missed, within noise)."""
     return [
         {
             "goal": row["goal"],
-            "compared": row["compared"],
             "target": row["target"],
-            "measured": "not measured"
-            if row["measured"] is None
-            else f"{row['measured']:.3f}",
-            "": verdict[row["met"]],
+            "measured": "-" if row["measured"] is None else f"{row['measured']:.2f}",
+            "range": "-"
+            if row.get("low") is None
+            else f"{row['low']:.2f}-{row['high']:.2f}",
+            "verdict": row.get("verdict", "not measured"),
         }
         for row in goal_rows
     ]

@@ -1,4 +1,4 @@
-"""Checkpoints at scale: ``dcp.async_save`` against ``dcp.save``, ``StateDictOptions``,
+"""Saving at scale: ``dcp.async_save`` against ``dcp.save``, ``StateDictOptions``,
 and PyTorch's own format converters beside the book's ``to_plain``.
 
 ``checkpoint_experiments(folder)`` runs on every rank of a ``run_ranks`` group (gloo, 2
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import threading
 import time
 from pathlib import Path
 
@@ -32,7 +31,6 @@ from distlab.checkpoint.state import MODEL_PREFIX, STATE_FILE
 from distlab.infra.experiment import gpt
 from distlab.parallel import apply_fsdp
 from distlab.runtime import rank_world
-from distlab.tools.stragglers import StragglerDetector
 
 REPEATS = 3  # each save is timed this many times; the page reports the median
 
@@ -71,6 +69,7 @@ def time_saves(
     async_save's future completes; checks that async_save's snapshot is the state at
     the call."""
     rows = {"save": [], "async_blocked": [], "async_total": []}
+    sizes = {}
     for i in range(REPEATS):
         state = {"app": {"model": get_model_state_dict(model)}}
         dist.barrier()
@@ -93,15 +92,19 @@ def time_saves(
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)
+        edited = time.perf_counter() - start
         future.result()  # a concurrent.futures.Future; result() re-raises a failed save
         rows["async_total"].append(time.perf_counter() - start)
+        sizes["train_ms"] = 1000 * (edited - rows["async_blocked"][-1])
     # load the last async checkpoint back into the (since changed) model: the weights at
     # the call?
     loaded = get_model_state_dict(model)
     dcp.load({"app": {"model": loaded}}, checkpoint_id=folder / f"async_{REPEATS - 1}")
     snapshot_kept = all(torch.equal(loaded[k].to_local(), before[k]) for k in before)
     return {k: statistics.median(v) for k, v in rows.items()} | {
-        "snapshot_kept": snapshot_kept
+        "snapshot_kept": snapshot_kept,
+        "runs": rows,
+        "train_ms": sizes["train_ms"],
     }
 
 
@@ -180,45 +183,6 @@ def convert_both_ways(checkpoint: Path, folder: Path) -> dict:
 # --- end converters ---
 
 
-# --- begin straggler ---
-def find_straggler(
-    steps: int = 10, every: int = 5, slow_rank: int = 1, delay_s: float = 0.03
-) -> dict:
-    """A toy training loop with a gradient all-reduce each step; ``slow_rank`` sleeps
-    ``delay_s`` in its own work. Returns the detector's last report, and the whole-step
-    times for contrast."""
-    rank, _ = rank_world()
-    detector = StragglerDetector(every=every)
-    weight, grad = torch.randn(256, 256), torch.zeros(256, 256)
-    whole_steps, report = [], None
-    for step in range(steps):
-        start = time.perf_counter()
-        # this rank's own work (forward and backward in a real loop)
-        grad.copy_(weight @ weight)
-        if rank == slow_rank:
-            time.sleep(delay_s)  # a slow disk, a throttled CPU, a noisy neighbour
-        detector.record(time.perf_counter() - start)
-        # waits for the slowest rank: everyone's step is now as long as its
-        dist.all_reduce(grad)
-        whole_steps.append(time.perf_counter() - start)
-        if detector.due(step):
-            report = detector.check()
-    return report | {"whole_step_s": statistics.median(whole_steps[1:])}
-
-
-# --- end straggler ---
-
-
-def detector_on_fixed_times(own_s: tuple[float, ...] = (0.001, 0.031)) -> dict:
-    """The detector's report when rank r recorded ``own_s[r]`` (a fixed input, no
-    clock): the page's straggler run without its timings, which a busy machine may blur.
-    """
-    rank, _ = rank_world()
-    detector = StragglerDetector(every=1)
-    detector.record(own_s[rank % len(own_s)])
-    return detector.check()
-
-
 def checkpoint_experiments(folder: str) -> dict:
     """Everything the page measures, in one launch of ranks; rank 0 also converts."""
     folder = Path(folder)
@@ -243,61 +207,75 @@ def checkpoint_experiments(folder: str) -> dict:
         out["model_prefix"] = MODEL_PREFIX
     dist.barrier()
     dist.destroy_process_group(save_group)
-    out["straggler"] = find_straggler()
-    out["straggler_fixed"] = detector_on_fixed_times()
     return out
 
 
-# --- begin timer ---
-def _worker(requests, progress, hang_at: int, limit_s: float) -> None:
-    """A training loop whose every step must finish within ``limit_s``; step ``hang_at``
-    never does."""
-    from torch.distributed.elastic import timer
+def save_timeline(saves: dict):
+    """Two bars per save, from this run's recorded medians: what blocks the training
+    loop (dark) and what runs in the background (light)."""
+    import matplotlib.pyplot as plt
 
-    # sends (pid, scope, deadline) to the server
-    timer.configure(timer.LocalTimerClient(requests))
-    for step in range(hang_at + 1):
-        with timer.expires(after=limit_s):  # acquire on entry, release on exit
-            progress.put((step, time.time()))
-            if step == hang_at:
-                # alive, not progressing: a hang (a collective that never returns)
-                threading.Event().wait()
-
-
-def kill_hung_worker(
-    hang_at: int = 2, limit_s: float = 1.0, timeout_s: float = 30
-) -> dict:
-    """Run ``_worker`` in a child process under a LocalTimerServer; returns when it
-    hung, when it died, and its exit code (-9: SIGKILL, sent by the server's
-    watchdog thread)."""
-    import multiprocessing as mp
-
-    from torch.distributed.elastic import timer
-
-    ctx = mp.get_context("spawn")
-    requests, progress = ctx.Queue(), ctx.Queue()
-    # checks deadlines every 0.1 s
-    server = timer.LocalTimerServer(requests, max_interval=0.1)
-    server.start()
-    worker = ctx.Process(target=_worker, args=(requests, progress, hang_at, limit_s))
-    try:
-        worker.start()
-        # the demo's own limit: the timer should act long before it
-        worker.join(timeout_s)
-        # else the finally below kills it
-        died, killed_by_timer = time.time(), not worker.is_alive()
-        steps = [progress.get(timeout=1) for _ in range(hang_at + 1)]
-    finally:
-        if worker.is_alive():
-            worker.kill()
-        server.stop()
-    return {
-        "steps_started": len(steps),
-        "exitcode": worker.exitcode,
-        "killed_by_timer": killed_by_timer,
-        "killed_after_s": died - steps[-1][1],
-        "limit_s": limit_s,
-    }
+    ms = {k: 1000 * saves[k] for k in ("save", "async_blocked", "async_total")}
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    ax.barh(1, ms["save"], color="#c0392b", label="training blocked")
+    ax.barh(0, ms["async_blocked"], color="#c0392b")
+    ax.barh(
+        0,
+        ms["async_total"] - ms["async_blocked"],
+        left=ms["async_blocked"],
+        color="#f5b7b1",
+        label="background write (training runs)",
+    )
+    ax.text(ms["async_blocked"] / 2, -0.45, "staging", ha="center", fontsize=12)
+    ax.set_yticks([0, 1], ["async_save", "dcp.save"], fontsize=13)
+    ax.set_xlabel("ms after the call (median of 3, rank 0)", fontsize=12)
+    ax.set_ylim(-0.7, 1.5)
+    ax.legend(
+        fontsize=11,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.45),
+        ncol=2,
+        frameon=False,
+    )
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig
 
 
-# --- end timer ---
+# --- begin staging ---
+def staging_flags_on_cpu() -> dict:
+    """What each StagingOptions flag does on a machine without an accelerator: staged
+    by a DefaultStager of that one flag (the others off), twice with one stager."""
+    import warnings
+
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    names = ("use_pinned_memory", "use_shared_memory", "use_async_staging")
+    names += ("use_non_blocking_copy",)
+    state = {"w": torch.arange(6.0)}
+    out = {}
+    for name in names:
+        options = StagingOptions(**{n: n == name for n in names})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                stager = DefaultStager(options)
+            except AssertionError:
+                out[name] = {"result": "AssertionError"}
+                continue
+        first = stager.stage(state)
+        first = first.result() if hasattr(first, "result") else first
+        again = stager.stage(state)
+        again = again.result() if hasattr(again, "result") else again
+        stager.close()
+        out[name] = {
+            "result": "staged",
+            "copy": torch.equal(first["w"], state["w"])
+            and first["w"].data_ptr() != state["w"].data_ptr(),
+            "reused": first["w"].data_ptr() == again["w"].data_ptr(),
+            "warned": any("pin" in str(w.message) for w in caught),
+        }
+    return out
+
+
+# --- end staging ---

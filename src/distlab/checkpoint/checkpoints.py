@@ -45,10 +45,12 @@ import torch
 import torch.distributed as dist
 
 from distlab.checkpoint.folders import (
+    fsync_dir,
     inspect_checkpoint,
     keep_earlier_metrics,
     prune,
     resume_point,
+    write_durably,
 )
 from distlab.checkpoint.state import (
     MODEL_PREFIX,
@@ -112,13 +114,16 @@ class Checkpoints:
                 checkpoint_id=partial,
             )
         if self.rank == 0:
-            (partial / STATE_FILE).write_text(
-                json.dumps(self._train_state(steps_done), indent=1) + "\n"
+            # DCP fsynced its shards and .metadata (FileSystemWriter's sync_files)
+            write_durably(
+                partial / STATE_FILE,
+                json.dumps(self._train_state(steps_done), indent=1) + "\n",
             )
             if final.exists():  # a rerun into the same OUT replaces its old checkpoint
                 shutil.rmtree(final)
             # one step on one file system: complete, or not there at all
             partial.rename(final)
+            fsync_dir(self.dir)  # the new name survives a power cut
             size = sum(f.stat().st_size for f in final.iterdir())
             # only now, with a newer one complete, may the oldest go
             removed = prune(self.dir, self.cfg.keep_checkpoints)

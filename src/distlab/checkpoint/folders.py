@@ -5,6 +5,7 @@ without loading a tensor)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -56,6 +57,32 @@ def inspect_checkpoint(path: str | Path):
     return train_state, metadata
 
 
+# --- begin durable ---
+def write_durably(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a power cut leaves the old file or the new
+    one, never an empty one: a temporary file, flushed and fsynced, then renamed."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())  # the bytes reach the disk before the name does
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make the names in folder ``path`` (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- end durable ---
+
+
 def finished(
     checkpoint_dir: str | Path, holds: tuple[str, ...] = (METADATA, STATE_FILE)
 ) -> list[Path]:
@@ -80,21 +107,46 @@ def resume_point(
     resume: str,
     checkpoint_dir: str | Path,
     holds: tuple[str, ...] = (METADATA, STATE_FILE),
+    warn=print,
 ) -> Path | None:
     """The checkpoint ``--resume`` names: a folder, ``latest`` (there must be one) or
     ``auto`` (the latest if there is one, else None: start at step 0). None for an
-    empty ``resume``."""
+    empty ``resume``. ``latest`` and ``auto`` take the newest checkpoint that
+    ``inspect_checkpoint`` can read; ``warn`` gets a line for each newer one skipped."""
     if not resume:
         return None
-    if resume in ("latest", "auto"):
-        found = latest(checkpoint_dir, holds)
-        if found is None and resume == "latest":
-            raise UserError(
-                f"--resume latest: no finished checkpoint in {checkpoint_dir} "
-                "(--resume auto starts from step 0 when there is none)"
-            )
-        return found
-    return Path(resume)
+    if resume not in ("latest", "auto"):
+        return Path(resume)
+    done = finished(checkpoint_dir, holds)
+    found = newest_readable(done, warn)
+    if found is None and done:
+        raise UserError(
+            f"--resume {resume}: no readable checkpoint among the {len(done)} "
+            f"finished in {checkpoint_dir}"
+        )
+    if found is None and resume == "latest":
+        raise UserError(
+            f"--resume latest: no finished checkpoint in {checkpoint_dir} "
+            "(--resume auto starts from step 0 when there is none)"
+        )
+    return found
+
+
+# --- begin fallback ---
+def newest_readable(done: list[Path], warn=print) -> Path | None:
+    """The newest of ``done`` (oldest first) that ``inspect_checkpoint`` accepts;
+    one ``warn`` line per newer one it skips."""
+    for path in reversed(done):
+        try:
+            inspect_checkpoint(path)
+        except UserError as err:
+            warn(f"warning: skipping unreadable checkpoint {path.name}: {err}")
+            continue
+        return path
+    return None
+
+
+# --- end fallback ---
 
 
 def prune(

@@ -46,11 +46,18 @@ ANATOMY_PAGES = (
     "activation_checkpointing",
     "ac_policies",
     "fsdp_compile",
+    "checkpoints",
+    "checkpoints_at_scale",
+    "hangs_and_stragglers",
+    "accelerate",
+    "accelerate_fsdp2",
+    "benchmarks",
     "labs/lab1_single",
     "labs/lab2_ddp",
     "labs/lab3_grad_accum",
     "labs/lab4_fsdp2",
     "labs/lab5_activation_ckpt",
+    "labs/lab6_accelerate",
 )
 
 COLUMNS = 88  # the widest code line a page may show (the reading column holds ~85)
