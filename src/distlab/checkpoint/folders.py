@@ -111,14 +111,18 @@ def resume_point(
 ) -> Path | None:
     """The checkpoint ``--resume`` names: a folder, ``latest`` (there must be one) or
     ``auto`` (the latest if there is one, else None: start at step 0). None for an
-    empty ``resume``. ``latest`` and ``auto`` take the newest checkpoint that
-    ``inspect_checkpoint`` can read; ``warn`` gets a line for each newer one skipped."""
+    empty ``resume``. ``latest`` and ``auto`` take the newest DCP checkpoint that
+    ``inspect_checkpoint`` can read; ``warn`` gets a line for each newer one skipped.
+    With other ``holds`` (another save protocol's markers), the newest finished one."""
     if not resume:
         return None
     if resume not in ("latest", "auto"):
         return Path(resume)
     done = finished(checkpoint_dir, holds)
-    found = newest_readable(done, warn)
+    if holds == (METADATA, STATE_FILE):  # a DCP checkpoint: read it before trusting it
+        found = newest_readable(done, warn)
+    else:  # another protocol's markers: finished is all that can be checked
+        found = done[-1] if done else None
     if found is None and done:
         raise UserError(
             f"--resume {resume}: no readable checkpoint among the {len(done)} "

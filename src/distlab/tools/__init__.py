@@ -25,6 +25,6 @@ over a step), ``fsdp2_views`` (FSDP2's per-unit timeline and shards), ``who_send
 timeline's labels), ``sharded_load`` and ``fsdp_labs`` (loading big models, the FSDP2
 labs), ``ac_timeline``, ``ac_figures`` and ``ac_policy_figures`` (forward, recompute
 and backward per policy), ``fsdp_compile_figures`` (compile's orders and its share of a
-GPU step), ``dcp_files`` (which rank wrote which checkpoint file), ``prepare_tree`` (what
-``accelerator.prepare`` wrapped), ``accel_config_path`` (an Accelerate config file's path
-to the prepared model). May import the training library and ``infra``."""
+GPU step), ``dcp_files`` (which rank wrote which checkpoint file), ``prepare_tree``
+(what ``accelerator.prepare`` wrapped), ``accel_config_path`` (an Accelerate config
+file's path to the prepared model). May import the training library and ``infra``."""
