@@ -9,7 +9,6 @@ import os
 import pickle
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -67,23 +66,7 @@ def _rng_round_trip(out: str) -> tuple[int, list[float], list[float]]:
     """On each rank: save, draw, scramble the RNG, resume, draw again."""
     from distlab.checkpoint import Checkpoints
     from distlab.parallel import apply_fsdp
-
-    @dataclass
-    class Config:  # the fields Checkpoints reads
-        out: str
-        preset: str = "tiny"
-        batch_size: int = 16
-        seed: int = 1
-        lr: float = 1e-3
-        min_lr: float = 1e-4
-        warmup_steps: int = 2
-        steps: int = 10
-        weight_decay: float = 0.1
-        data: str = ""
-        checkpoint_every: int = 0
-        keep_checkpoints: int = 3
-        resume: str = ""
-        init_from: str = ""
+    from support.checkpoint_config import Config
 
     rank = torch.distributed.get_rank()
     model = apply_fsdp(gpt("tiny", seed=0))

@@ -3,32 +3,13 @@ falls back to the previous one. One process, no process group (as lab 1)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
 from distlab.checkpoint import Checkpoints, inspect_checkpoint, latest
 from distlab.errors import UserError
 from distlab.infra.experiment import gpt
-
-
-@dataclass
-class Config:  # the fields Checkpoints reads
-    out: str
-    preset: str = "tiny"
-    batch_size: int = 16
-    seed: int = 1
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 2
-    steps: int = 10
-    weight_decay: float = 0.1
-    data: str = ""
-    checkpoint_every: int = 0
-    keep_checkpoints: int = 3
-    resume: str = ""
-    init_from: str = ""
+from support.checkpoint_config import Config
 
 
 @pytest.fixture
