@@ -13,7 +13,8 @@ lab's diff changes.
                 group
     parallel    DDP, FSDP2, activation checkpointing and torch.compile, applied to the
                 model from outside
-    checkpoint  save and resume with DCP; plain weights in and out
+    checkpoint  save and resume with DCP; plain weights in and out; a preemption
+                signal saves and stops
     accel       lab 6's Accelerator, its prepare, and the checks that turn its quiet
                 fallbacks into errors
     cli         a config dataclass from the command line; one-line errors

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from distlab.checkpoint import keep_earlier_metrics, prune, resume_point
+from distlab.checkpoint.folders import PREEMPTED, save_due
 from distlab.errors import UserError
 from distlab.runtime import backend_for
 
@@ -263,14 +264,13 @@ class AcceleratorCheckpoints:
         self.progress = Progress()
         accelerator.register_for_checkpointing(self.progress)
 
-    def maybe_save(self, step: int) -> None:
-        """Call after optimizer step ``step``; saves every
-        ``cfg.checkpoint_every`` steps."""
-        if (
-            self.cfg.checkpoint_every > 0
-            and (step + 1) % self.cfg.checkpoint_every == 0
-        ):
+    def maybe_save(self, step: int, now: bool = False) -> None:
+        """Call after optimizer step ``step``; saves every ``cfg.checkpoint_every``
+        steps, and ``now`` (a preemption: ``Preemption.requested()``)."""
+        if now or save_due(step, self.cfg.checkpoint_every):
             self.save(step + 1)
+        if now and self.accelerator.is_main_process:
+            print(PREEMPTED.format(steps=step + 1), flush=True)
 
     def save(self, steps_done: int) -> Path:
         acc = self.accelerator

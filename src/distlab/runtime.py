@@ -10,6 +10,7 @@ import contextlib
 import glob
 import os
 import shutil
+import sys
 import warnings
 from datetime import timedelta
 
@@ -225,6 +226,8 @@ def init_distributed(device: torch.device, timeout_s: float = 120.0) -> None:
         options = {"store": dist.HashStore(), "rank": 0, "world_size": 1}
     elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         rank, _, world_size = dist_env()
+        if rank == 0 and (warning := multi_node_restart_warning(os.environ)):
+            print(warning, file=sys.stderr, flush=True)
         options = {
             "store": _store_of_this_attempt(world_size, timeout_s),
             "rank": rank,
@@ -238,6 +241,19 @@ def init_distributed(device: torch.device, timeout_s: float = 120.0) -> None:
     )
 
 
+def multi_node_restart_warning(env) -> str:
+    """A warning when torchrun may restart a group spread over several nodes (agents)
+    that share the agent's store: the per-attempt prefix is then unsafe. Else ""."""
+    nodes = int(env.get("GROUP_WORLD_SIZE", "1"))
+    if nodes > 1 and int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
+        return (
+            f"warning: torchrun may restart this group on {nodes} nodes, whose agents "
+            "count restarts separately (pytorch#135712); set "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 so each attempt gets a new store"
+        )
+    return ""
+
+
 def _store_of_this_attempt(world_size: int, timeout_s: float) -> dist.Store:
     """torchrun's key-value store, seen through a prefix that names this
     restart attempt.
@@ -247,7 +263,10 @@ def _store_of_this_attempt(world_size: int, timeout_s: float) -> dist.Store:
     it, among them the addresses gloo's ranks listen on. A new rank can read a dead
     rank's address and fail with "Connection refused" (measured: 3 restarts out of 3
     failed so; see the fault tolerance chapter). Keys under a prefix per attempt cannot
-    be stale.
+    be stale, on one node. Agents on several nodes count their restarts separately (a
+    replaced node starts at 0: pytorch#135712), so their prefixes can differ and the
+    group waits until the timeout: ``multi_node_restart_warning`` says so, and
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` avoids the shared store altogether.
     """
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],

@@ -35,7 +35,12 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from distlab.checkpoint import Checkpoints, load_plain_weights, save_plain_weights
+from distlab.checkpoint import (
+    Checkpoints,
+    Preemption,
+    load_plain_weights,
+    save_plain_weights,
+)
 from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
 from distlab.errors import UserError
@@ -218,6 +223,7 @@ def main() -> None:
     checkpoints = Checkpoints(cfg, model, optimizer)
     # with --resume: model, optimizer, RNG loaded, else 0
     start_step = checkpoints.resume()
+    preemption = Preemption()  # SIGTERM, SIGUSR1: save after the step, then stop
     if is_main:
         print(f"config: {asdict(cfg)}")
         print(
@@ -297,8 +303,15 @@ def main() -> None:
             bar.set_postfix(
                 loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}", refresh=False
             )
+        stop = preemption.requested()  # True on all ranks if any got a signal
         # every --checkpoint-every steps; each rank writes its own shards
-        checkpoints.maybe_save(step)
+        checkpoints.maybe_save(step, now=stop)
+        if stop:
+            break
+
+    if preemption.stopped:  # saved: the same command with --resume auto goes on
+        log.close()
+        return
 
     # no step ran (--steps 0): evaluate the weights we started from
     if math.isnan(val_loss):

@@ -6,8 +6,7 @@ skips gradient sync while micro-batches accumulate, and saves and loads the whol
 training state. With --fsdp the lab shards the model itself, checkpoint first, as lab 5
 (bf16 from FSDP2's policy, no autocast): on GPUs prepare keeps those units; on CPU
 ranks, where Accelerate would quietly give DDP, it gets only the optimizer. After
-prepare the lab checks that what trains is what was asked for (see the
-Accelerate chapter).
+prepare the lab checks that what trains is what was asked for (Accelerate chapter).
 
 Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces one):
     torchrun --standalone --nproc-per-node=2 src/labs/lab6_accelerate.py --preset tiny
@@ -16,8 +15,7 @@ Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces 
     torchrun --standalone --nproc-per-node=8 src/labs/lab6_accelerate.py \
         --preset shakespeare --batch-size 512 --micro-batch-size 64 --dtype bf16 \
         --fsdp --ac selective
-    # without a launcher it is one process (accelerate launch --cpu also starts
-    # just one)
+    # no launcher: one process (accelerate launch --cpu also starts just one)
     python src/labs/lab6_accelerate.py --preset tiny --micro-batch-size 4
 
 It writes OUT/metrics.jsonl (one line per logged step), OUT/summary.json and the trained
@@ -41,7 +39,7 @@ from distlab.accel import (
     launch_report,
     prepare,
 )
-from distlab.checkpoint import load_plain_weights, save_plain_weights
+from distlab.checkpoint import Preemption, load_plain_weights, save_plain_weights
 from distlab.cli import parse_config, require_positive, run
 from distlab.data import TokenData, load_corpus
 from distlab.errors import UserError
@@ -247,6 +245,7 @@ def main() -> None:
     checkpoints = AcceleratorCheckpoints(cfg, accelerator)
     # with --resume: model, optimizer, RNG per rank and step, else 0
     start_step = checkpoints.resume()
+    preemption = Preemption()  # SIGTERM, SIGUSR1: save after the step, then stop
     if is_main:
         print(f"config: {asdict(cfg)}")
         print(
@@ -319,8 +318,15 @@ def main() -> None:
             bar.set_postfix(
                 loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}", refresh=False
             )
+        stop = preemption.requested()  # True on all ranks if any got a signal
         # every --checkpoint-every steps: accelerator.save_state
-        checkpoints.maybe_save(step)
+        checkpoints.maybe_save(step, now=stop)
+        if stop:
+            break
+
+    if preemption.stopped:  # saved: the same command with --resume auto goes on
+        log.close()
+        return
 
     # no step ran (--steps 0): evaluate the weights we started from
     if math.isnan(val_loss):

@@ -1,10 +1,10 @@
 """The debugging chapter: what book/debugging.md does not run. The page provokes each
 failure (a skipped collective, a dead rank, mismatched shapes under DETAIL, collectives
-that pair up silently, Lockstep, replicas that drift apart, a late rank at a monitored
-barrier, stack dumps of a hung rank, the exit-order deadlock) and asserts what each rank
-saw on every build. Here: gloo's abort on other sizes, torch's DDP keeping replicas
-equal, the labs freeing their DDP model before destroying the group, and the exercise
-checker failing the exercise's own program.
+that pair up silently, Lockstep, replicas that drift apart, a NaN on one rank, the
+monitored barrier's shared budget, stack dumps of a hung rank, the exit-order deadlock)
+and asserts what each rank saw on every build. Here: gloo's abort on other sizes,
+torch's DDP keeping replicas equal, the labs freeing their DDP model before destroying
+the group, and the exercise checker failing the exercise's own program.
 
 Every launch has a wall-clock limit (run_ranks' ``timeout``) and a short process-group
 timeout, so a regression fails a test instead of hanging the suite.

@@ -1,9 +1,11 @@
 """What book/fault_tolerance.md does not run: exact resume for lab 3 (the page resumes
 lab 2, book/checkpoints.md lab 4), a save killed at its second moment (before .metadata;
 the page kills it before the rename), the rules of pruning and of --resume, and the
-exercise checker catching wrong answers. The page asserts the rest: the lab 2
-checkpoint's contents and the newest 3 kept, exact resume, a save killed before its
-rename, torchrun restarting a group that lost a rank."""
+exercise checker catching wrong answers, the store probe's reports read from
+interleaved output. The page asserts the rest: the steps of a real save in their order
+and what `latest` picks after each, the lab 2 checkpoint's contents and the newest 3
+kept, exact resume, a save killed before its rename, resume skipping a truncated newest
+checkpoint, torchrun restarting a group that lost a rank."""
 
 import dataclasses
 import json
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 
-from distlab.chapters.fault_tolerance import kill_when_stalled
+from distlab.chapters.fault_tolerance import kill_when_stalled, probe_reports
 from distlab.checkpoint import inspect_checkpoint, latest, prune, resume_point
 from distlab.errors import UserError
 from distlab.exercises import check_kill_during_shard_writes
@@ -219,3 +221,16 @@ def test_kill_during_shard_writes_checker_catches_wrong_answers():
         AssertionError, match="lab 2 finished: your stall never made rank 1 wait"
     ):
         check_kill_during_shard_writes(stall_in_finish)
+
+
+def test_probe_reports_are_cut_apart_when_two_ranks_share_a_line():
+    # two ranks printing at once can put both reports on one line of torchrun's output
+    text = (
+        "attempt 0, rank 1: 3 keys in the store after joiningattempt 0, rank 0: 3 keys"
+        " in the store after joining\nnoise\nattempt 1, rank 0: 5 keys before joining\n"
+    )
+    assert probe_reports(text) == [
+        "attempt 0, rank 0: 3 keys in the store after joining",
+        "attempt 0, rank 1: 3 keys in the store after joining",
+        "attempt 1, rank 0: 5 keys before joining",
+    ]

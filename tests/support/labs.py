@@ -96,3 +96,46 @@ def each_rank(
             out, err = proc.communicate()
         done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     return done
+
+
+def start_lab(
+    script: str, *args, nprocs: int = 0, rank: int | None = None, port: int = 0
+) -> subprocess.Popen:
+    """Start a lab without waiting: under ``torchrun --standalone`` with ``nprocs``
+    ranks, or, with ``rank``, as that one rank of ``nprocs`` plain processes that meet
+    on 127.0.0.1:``port`` (as ``each_rank`` starts them), or else as one process."""
+    if nprocs and rank is None:
+        launch = ["-m", "torch.distributed.run", "--standalone"]
+        launch.append(f"--nproc-per-node={nprocs}")
+    else:
+        launch = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if rank is not None:
+        env.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(nprocs),
+            LOCAL_WORLD_SIZE=str(nprocs),
+        )
+    return subprocess.Popen(
+        [sys.executable, *launch, str(LABS_DIR / script), *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def wait_for_logged_steps(out: Path, steps: int, procs, timeout: float = 120) -> None:
+    """Until OUT/metrics.jsonl has ``steps`` lines; fails if a process ends first."""
+    metrics = Path(out) / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= steps):
+        for proc in procs:
+            if proc.poll() is not None:
+                raise AssertionError(f"ended before step {steps}: {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no step {steps} in {timeout} s")
+        time.sleep(0.05)

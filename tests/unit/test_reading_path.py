@@ -99,6 +99,13 @@ def test_a_fold_is_a_fold_to_the_reading_time_and_to_the_anatomy_alike():
     assert rp.reading_counts(folded) == (1, 0)
 
 
+def test_a_cell_hidden_by_a_yaml_header_is_folded_too():
+    # MyST takes a cell's options as `:tags: [...]` lines or as a `---` YAML header
+    for header in (":tags: [hide-input]\n", "---\ntags: [hide-input]\n---\n"):
+        page = "# T\n\n```{code-cell} ipython3\n" + header + "x = 1\n" * 40 + "```\n"
+        assert unfolded_source_lines(page) == 2, header
+
+
 def test_the_tables_link_each_page_and_name_each_part_once(tmp_path):
     rows = {
         "core": [rp.Row("single_device", "Baseline", "Why?", 3, "Foundations")],

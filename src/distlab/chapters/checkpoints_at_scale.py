@@ -216,7 +216,7 @@ def save_timeline(saves: dict):
     import matplotlib.pyplot as plt
 
     ms = {k: 1000 * saves[k] for k in ("save", "async_blocked", "async_total")}
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
     ax.barh(1, ms["save"], color="#c0392b", label="training blocked")
     ax.barh(0, ms["async_blocked"], color="#c0392b")
     ax.barh(
@@ -224,17 +224,18 @@ def save_timeline(saves: dict):
         ms["async_total"] - ms["async_blocked"],
         left=ms["async_blocked"],
         color="#f5b7b1",
-        label="background write (training runs)",
+        label="background write",
     )
-    ax.text(ms["async_blocked"] / 2, -0.45, "staging", ha="center", fontsize=12)
-    ax.set_yticks([0, 1], ["async_save", "dcp.save"], fontsize=13)
-    ax.set_xlabel("ms after the call (median of 3, rank 0)", fontsize=12)
-    ax.set_ylim(-0.7, 1.5)
+    ax.text(ms["async_blocked"] / 2, -0.5, "staging", ha="center", fontsize=13)
+    ax.set_yticks([0, 1], ["async_save", "dcp.save"], fontsize=14)
+    ax.tick_params(axis="x", labelsize=13)
+    ax.set_xlabel("ms after the call (median of 3)", fontsize=13)
+    ax.set_ylim(-0.75, 1.5)
     ax.legend(
-        fontsize=11,
+        fontsize=13,
         loc="upper center",
-        bbox_to_anchor=(0.5, -0.45),
-        ncol=2,
+        bbox_to_anchor=(0.4, -0.4),
+        ncol=1,
         frameon=False,
     )
     ax.spines[["top", "right"]].set_visible(False)

@@ -96,8 +96,6 @@ def metrics_demo(
     try:
         rank = dist.get_rank()
         seen = {"debug_level": dist.get_debug_level().name, "backend": backend_name()}
-        if lockstep:
-            seen["seconds_per_all_reduce"] = lockstep_cost()  # on correct code, first
         all_reduce = Lockstep().wrap(dist.all_reduce) if lockstep else dist.all_reduce
         loss = torch.tensor([2.10, 2.14][rank])  # plausible values for a small GPT
         grad_norm = torch.tensor([0.84, 0.92][rank])
@@ -108,21 +106,6 @@ def metrics_demo(
         return {**seen, "error": failed.error}
     finally:
         dist.destroy_process_group()
-
-
-def lockstep_cost(repeats: int = 100) -> dict:
-    """Seconds per all-reduce of one number, plain and with the lockstep check."""
-    checked = Lockstep().wrap(dist.all_reduce)
-    times = {}
-    # 2nd round counts
-    for name, all_reduce in (("plain", dist.all_reduce), ("lockstep", checked)) * 2:
-        x = torch.ones(1)
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            all_reduce(x)
-        times[name] = (time.perf_counter() - start) / repeats
-    return times
 
 
 # ------------------------------------------------------------ replicas that drift apart
@@ -216,14 +199,52 @@ def _wait_for_every_rank(key: str, timeout_s: float) -> None:
 
 
 # ---------------------------------------------------------------- monitored barrier
-def late_rank_demo(report: str, late_s: float, barrier_timeout_s: float) -> dict:
-    """Rank 1 arrives ``late_s`` late at a monitored barrier that waits
-    ``barrier_timeout_s``."""
-    if dist.get_rank() == 1:
-        stuck(late_s)  # still loading its shard of the data, say
+# --- begin budget ---
+def barrier_budget_demo(report: str, late_s: tuple, timeout_s: float) -> dict:
+    """Two groups of 3 ranks, the same lateness in both: ranks 1 and 2 of each group
+    arrive ``late_s`` seconds late. Group 0 waits with the default
+    ``wait_all_ranks=False``, group 1 with ``wait_all_ranks=True``."""
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 1, 2]), dist.new_group([3, 4, 5])]
+    group, wait_all = groups[rank // 3], rank >= 3
+    stuck(late_s[rank % 3])  # rank 0 of each group is on time
     with caught(report) as failed:
-        dist.monitored_barrier(timeout=timedelta(seconds=barrier_timeout_s))
+        dist.monitored_barrier(
+            group, timeout=timedelta(seconds=timeout_s), wait_all_ranks=wait_all
+        )
     return {"error": failed.error, "waited_s": failed.waited_s}
+
+
+# --- end budget ---
+
+
+# ---------------------------------------------------------------- NaN on one rank
+# --- begin nonfinite ---
+def nonfinite_demo(report: str) -> dict:
+    """Rank 1's batch is all zeros (padding, say): its loss is finite, its gradient
+    is NaN, and the all-reduce hands the NaN to every rank."""
+    rank = dist.get_rank()
+    w = torch.ones(4, requires_grad=True)
+    x = torch.ones(4) if rank == 0 else torch.zeros(4)
+    # a norm written by hand: sqrt's gradient is inf at 0, and inf * 0 is NaN
+    loss = (w * x).pow(2).sum().sqrt()
+    loss.backward()
+    grad = w.grad.clone()
+    # the per-rank check, before the all-reduce mixes the ranks
+    mine = torch.tensor([loss.item(), float(torch.isfinite(grad).all())])
+    every = [torch.empty(2) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    dist.all_reduce(grad)  # what DDP does to every gradient
+    seen = {"loss": loss.item(), "finite_before": bool(torch.isfinite(w.grad).all())}
+    seen["finite_after"] = bool(torch.isfinite(grad).all())
+    seen["bad_ranks"] = [r for r, (_, ok) in enumerate(every) if not ok]
+    with caught(report) as failed, torch.autograd.detect_anomaly():
+        # anomaly mode names the operation whose backward made the NaN
+        (w * x).pow(2).sum().sqrt().backward()
+    return {**seen, "anomaly": failed.error}
+
+
+# --- end nonfinite ---
 
 
 # ---------------------------------------------------------------- where is it stuck?
@@ -325,10 +346,14 @@ def exit_demo(report: str, free_model_first: bool, peer_delay_s: float = 2.0) ->
     ticks = 0  # a Python thread that counts while the GIL is free
     done = threading.Event()
 
+    log = open(Path(report, "ticks.txt"), "w")  # read back even if rank 0 is killed
+
     def count() -> None:
         nonlocal ticks
         while not done.wait(0.01):
             ticks += 1
+            log.write(f"{time.monotonic()}\n")
+            log.flush()
 
     threading.Thread(target=count, daemon=True).start()
 

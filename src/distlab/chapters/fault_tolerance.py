@@ -223,3 +223,114 @@ def torchrun_killing_a_rank(
 
 # torchrun --tee prefixes each line a rank writes with its role and local rank
 _TEE_PREFIX = re.compile(r"^\[default\d+\]:")
+
+
+# ------------------------------------------------- one real save, every step stamped
+def save_events(out: str, steps: tuple[int, ...] = (10, 20)) -> list[dict]:
+    """On every rank of a gloo group: the tiny model under DDP, its AdamW state, and
+    ``Checkpoints.save`` after each of ``steps``, the real one, with each step of the
+    last save stamped on the shared monotonic clock. Returns this rank's events: name,
+    start and end (``time.monotonic``), and, after each, the files of
+    ``out/checkpoints`` and the folder ``latest`` picks there at that instant."""
+    import pathlib
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from distlab.checkpoint import Checkpoints, latest
+    from distlab.checkpoint import checkpoints as protocol
+    from distlab.checkpoint.checkpoints import CheckpointConfig
+    from distlab.model import GPT, preset
+    from distlab.parallel import apply_ddp
+
+    cfg = CheckpointConfig(out=out, steps=40, checkpoint_every=10)
+    model = apply_ddp(GPT(preset(cfg.preset)), torch.device("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()  # AdamW's state exists after a first step
+    checkpoints = Checkpoints(cfg, model, optimizer)
+    for step in steps[:-1]:
+        checkpoints.save(step)
+    folder, events = Path(out) / "checkpoints", []
+
+    def listing() -> list[str]:
+        return sorted(
+            f"{p.relative_to(folder)}" + ("/" if p.is_dir() else "")
+            for p in folder.rglob("*")
+        )
+
+    def stamped(name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.monotonic()
+            if name == ".partial made" and args[0].exists():
+                return fn(*args, **kwargs)  # DCP's own mkdir(exist_ok=True)
+            if name == "renamed" and str(args[1]).endswith(".metadata"):
+                return fn(*args, **kwargs)  # inside DCP's finish: .metadata.tmp
+            result = fn(*args, **kwargs)
+            found = latest(folder)
+            events.append(
+                {
+                    "name": name,
+                    "start": start,
+                    "end": time.monotonic(),
+                    "files": listing(),
+                    "latest": found.name if found else None,
+                }
+            )
+            return result
+
+        return wrapper
+
+    patches = [
+        (pathlib.Path, "mkdir", ".partial made"),
+        (dist, "barrier", "barrier"),
+        (FileSystemWriter, "write_data", "shard written"),
+        (FileSystemWriter, "finish", ".metadata written"),
+        (protocol, "write_durably", "train_state.json"),
+        (pathlib.Path, "rename", "renamed"),
+    ]
+    for owner, attribute, name in patches:
+        setattr(owner, attribute, stamped(name, getattr(owner, attribute)))
+    checkpoints.save(steps[-1])
+    return events
+
+
+def store_probe(work: Path) -> tuple[int, list[str]]:
+    """Run ``src/examples/store_probe.py`` under ``torchrun --max-restarts=1`` (workers
+    forked, as ``torchrun_killing_a_rank`` has them); returns torchrun's exit code and
+    the probe's ``attempt ...`` lines, sorted, then its stderr's tail on failure."""
+    from distlab.infra.paths import REPO_ROOT
+
+    out, err = work / "probe.out", work / "probe.err"
+    out.touch(), err.touch()
+    probe = start_node(
+        [
+            *TORCHRUN,
+            "--standalone",
+            "--nproc-per-node=2",
+            "--max-restarts=1",
+            "--monitor-interval=0.1",
+            "--start-method=fork",
+            "--run-path",
+            str(REPO_ROOT / "src" / "examples" / "store_probe.py"),
+        ],
+        out,
+        err,
+        env=dict(os.environ),
+        cwd=REPO_ROOT,
+    )
+    probe.wait()
+    found = probe_reports(out.read_text())
+    if probe.returncode != 0:
+        found.append(err.read_text()[-2000:])
+    return probe.returncode, found
+
+
+def probe_reports(text: str) -> list[str]:
+    """The ``attempt N, rank R: ...`` reports in the probe's output, sorted; two ranks
+    may write into one line of the shared output, so each report is cut at the next."""
+    return sorted(
+        re.findall(r"attempt \d+, rank \d+: .*?(?=attempt \d+, rank|$)", text, re.M)
+    )

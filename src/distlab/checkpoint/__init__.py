@@ -9,6 +9,8 @@ plain file.
                     inspect_checkpoint
     plain.py        save_plain_weights (model.pt, CPU tensors), load_plain_weights
                     (every lab's --init-from) and to_plain (checkpoint -> model.pt)
+    preemption.py   Preemption: SIGTERM/SIGUSR1 -> a checkpoint at the end of the
+                    step on every rank, then stop (--resume auto goes on)
     __main__.py     python -m distlab.checkpoint to-plain CHECKPOINT OUT.pt
 
 torch.distributed.checkpoint (DCP) is imported inside the functions that use it: every
@@ -25,11 +27,13 @@ from distlab.checkpoint.folders import (
     resume_point,
 )
 from distlab.checkpoint.plain import load_plain_weights, save_plain_weights, to_plain
+from distlab.checkpoint.preemption import Preemption
 from distlab.checkpoint.state import MUST_MATCH, TrainingState, rng_states
 
 __all__ = [
     "MUST_MATCH",
     "Checkpoints",
+    "Preemption",
     "TrainingState",
     "finished",
     "inspect_checkpoint",

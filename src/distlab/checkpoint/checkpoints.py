@@ -6,9 +6,13 @@ In a training script (labs 1-5 have exactly these lines; everything else lives h
     # after any wrapper (DDP, fully_shard) and the optimizer
     checkpoints = Checkpoints(cfg, model, optimizer)
     start_step = checkpoints.resume()     # 0, or where the --resume checkpoint stopped
+    preemption = Preemption()             # notes SIGTERM and SIGUSR1 (preemption.py)
     for step in range(start_step, cfg.steps):
         ...                               # one optimizer step
-        checkpoints.maybe_save(step)      # every --checkpoint-every steps
+        stop = preemption.requested()     # did any rank get a signal?
+        checkpoints.maybe_save(step, now=stop)  # every --checkpoint-every steps, or now
+        if stop:
+            break
 
 ``--resume latest`` insists on a checkpoint; ``--resume auto`` takes the latest one if
 there is one and starts at step 0 if not, so the same command serves the first start and
@@ -38,18 +42,20 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from distlab.checkpoint.folders import (
+    PREEMPTED,
     fsync_dir,
     inspect_checkpoint,
     keep_earlier_metrics,
     prune,
     resume_point,
+    save_due,
     write_durably,
 )
 from distlab.checkpoint.state import (
@@ -64,6 +70,27 @@ from distlab.checkpoint.state import (
 )
 from distlab.errors import UserError
 from distlab.runtime import rank_world
+
+
+@dataclass
+class CheckpointConfig:
+    """The fields ``Checkpoints`` reads, with small defaults: for saving and resuming
+    outside a lab (tests, the chapters). A lab's Config has them all."""
+
+    out: str
+    preset: str = "tiny"
+    batch_size: int = 16
+    seed: int = 1
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 2
+    steps: int = 10
+    weight_decay: float = 0.1
+    data: str = ""
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 3
+    resume: str = ""
+    init_from: str = ""
 
 
 def _barrier_if_grouped() -> None:
@@ -83,14 +110,13 @@ class Checkpoints:
         self.dir = Path(cfg.out) / "checkpoints"
 
     # --- begin save ---
-    def maybe_save(self, step: int) -> None:
-        """Call after optimizer step ``step``; saves every
-        ``cfg.checkpoint_every`` steps."""
-        if (
-            self.cfg.checkpoint_every > 0
-            and (step + 1) % self.cfg.checkpoint_every == 0
-        ):
+    def maybe_save(self, step: int, now: bool = False) -> None:
+        """Call after optimizer step ``step``; saves every ``cfg.checkpoint_every``
+        steps, and ``now`` (a preemption: ``Preemption.requested()``)."""
+        if now or save_due(step, self.cfg.checkpoint_every):
             self.save(step + 1)
+        if now and self.rank == 0:
+            print(PREEMPTED.format(steps=step + 1), flush=True)
 
     def save(self, steps_done: int) -> Path:
         """Every rank writes its shards at once; the folder gets its final name only

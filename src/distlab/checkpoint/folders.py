@@ -153,6 +153,19 @@ def newest_readable(done: list[Path], warn=print) -> Path | None:
 # --- end fallback ---
 
 
+# what rank 0 prints when a preemption's checkpoint is saved and the run stops
+PREEMPTED = (
+    "preempted after step {steps}: checkpoint saved, stopping; the same command with "
+    "--resume auto goes on"
+)
+
+
+def save_due(step: int, every: int) -> bool:
+    """A checkpoint after optimizer step ``step`` with ``--checkpoint-every every``
+    (0: never)?"""
+    return every > 0 and (step + 1) % every == 0
+
+
 def prune(
     checkpoint_dir: str | Path,
     keep: int,

@@ -33,6 +33,7 @@ import multiprocessing
 import os
 import sys
 import time
+import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,10 +97,31 @@ def _execute(path: str, timeout: int, log: str) -> tuple[object, float, str | No
     with open(log, "w") as stderr:
         os.dup2(stderr.fileno(), 2)  # inherited by the kernel this worker starts
     notebook = read_page(Path(path))
-    result = single_nb_execution(
-        notebook, cwd=str(Path(path).parent), timeout=timeout, allow_errors=False
+    return run_page(
+        lambda: single_nb_execution(
+            notebook, cwd=str(Path(path).parent), timeout=timeout, allow_errors=False
+        ),
+        path,
     )
-    return result.nb, result.time, result.exc_string
+
+
+def run_page(execute, name: str) -> tuple[object, float, str | None]:
+    """``execute()`` once, or twice if its kernel died at start ("Kernel died before
+    replying to kernel_info": a busy machine, not the page). Any exception becomes the
+    page's error, so one page never aborts the build."""
+    start = time.monotonic()
+    for attempt in (1, 2):
+        try:
+            result = execute()
+            return result.nb, result.time, result.exc_string
+        except Exception:  # noqa: BLE001 - the page's error, not the build's
+            error = traceback.format_exc()
+            if attempt == 1 and "kernel_info" in error:
+                print(
+                    f"{name}: the kernel died at start; one more try", file=sys.stderr
+                )
+                continue
+            return None, time.monotonic() - start, error
 
 
 def stale_pages(cache, pages: list[Path]) -> list[Path]:

@@ -53,6 +53,9 @@ def blocks(lines: list[str]) -> list[Block]:
             j += 1
         body = lines[i + 1 : j]
         options = [x for x in body if x.startswith(":")]
+        if body and body[0].strip() == "---":  # options as a YAML header: tags: [...]
+            end = next((k for k in range(1, len(body)) if body[k].strip() == "---"), 0)
+            options += [":" + x.strip() for x in body[1:end] if ":" in x]
         found.append(Block(m.group(3), options, body, i, min(j, len(lines) - 1)))
         i = j + 1
     return found

@@ -27,4 +27,9 @@ labs), ``ac_timeline``, ``ac_figures`` and ``ac_policy_figures`` (forward, recom
 and backward per policy), ``fsdp_compile_figures`` (compile's orders and its share of a
 GPU step), ``dcp_files`` (which rank wrote which checkpoint file), ``prepare_tree``
 (what ``accelerator.prepare`` wrapped), ``accel_config_path`` (an Accelerate config
-file's path to the prepared model). May import the training library and ``infra``."""
+file's path to the prepared model), ``big_model`` (Accelerate's device map for
+inference), ``save_protocol`` (a checkpoint save step by step, where a kill lands, a
+torchrun restart), ``preemption_timeline`` (a signal to one rank, every rank saves),
+``node_map`` (two nodes, their ranks and stores) and ``triage`` (from a failure's
+symptom to the tool that diagnoses it). May import the training library and
+``infra``."""

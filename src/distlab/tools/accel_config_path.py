@@ -79,28 +79,29 @@ def path_rows(yaml_text: str, env: dict[str, str], result: dict) -> list[tuple]:
 
 
 def draw_path(yaml_text: str, env: dict[str, str], result: dict, title: str):
-    """One row per setting, its value at each stage, joined by arrows; a setting
-    nobody wrote in the file but the launcher set is drawn in red."""
+    """Two lines per setting: its name, then its value at each stage joined by arrows;
+    a setting nobody wrote in the file but the launcher set is drawn in red. Narrow,
+    so that it reads on a phone."""
     rows = path_rows(yaml_text, env, result)
-    heads = ["setting", "YAML", "env", "plugin", "prepared model"]
-    xs = [0.0, 2.75, 3.75, 4.85, 6.05]
-    fig, ax = plt.subplots(figsize=(9.2, 0.6 * len(rows) + 1.2))
-    for x, head in zip(xs, heads):
-        ax.text(x, len(rows), head, fontsize=14, weight="bold", va="center")
-    for i, (*cells, surprise) in enumerate(rows):
-        y = len(rows) - 1 - i
+    fig, ax = plt.subplots(figsize=(5.6, 0.95 * len(rows) + 1.3))
+    top = 2 * len(rows) + 1
+    ax.text(
+        0,
+        top,
+        "YAML → env → plugin → prepared model",
+        fontsize=13,
+        weight="bold",
+        va="center",
+    )
+    for i, (setting, *values, surprise) in enumerate(rows):
+        y = top - 1.2 - 2 * i
         color = "#c0392b" if surprise else "#222222"
-        for j, (x, cell) in enumerate(zip(xs, cells)):
-            ax.text(x, y, cell, fontsize=13, va="center", color=color)
-            if 1 <= j < 4:
-                ax.annotate(
-                    "",
-                    xy=(xs[j + 1] - 0.1, y),
-                    xytext=(xs[j + 1] - 0.4, y),
-                    arrowprops={"arrowstyle": "->", "color": "#999999"},
-                )
-    ax.set_xlim(-0.05, 9.2)
-    ax.set_ylim(-0.6, len(rows) + 0.5)
+        ax.text(0, y, setting, fontsize=14, weight="bold", va="center", color=color)
+        ax.text(
+            0.3, y - 0.85, " → ".join(values), fontsize=13, va="center", color=color
+        )
+    ax.set_xlim(0, 10)
+    ax.set_ylim(top - 2 * len(rows) - 0.6, top + 0.6)
     ax.axis("off")
     ax.set_title(title, fontsize=14, loc="left")
     fig.tight_layout()
