@@ -70,7 +70,8 @@ def bytes_figure(result: dict, labs=SHOWN, ranks=(1, 2, 4)):
     """Left: model state each rank holds. Right: bytes each rank sends per step."""
     import matplotlib.pyplot as plt
 
-    fig, (held, sent) = plt.subplots(1, 2, figsize=(8, 3.6))
+    # one above the other: each panel keeps the page's width on a phone
+    fig, (held, sent) = plt.subplots(2, 1, figsize=(5.2, 6.4))
     width = 0.8 / len(labs)
     for i, lab in enumerate(labs):
         runs = [run(result, lab, n) for n in ranks]
@@ -79,12 +80,13 @@ def bytes_figure(result: dict, labs=SHOWN, ranks=(1, 2, 4)):
         held.bar(xs, [r["state_bytes_per_rank"]["total"] / MB for r in runs], width)
         sent.bar(xs, [sent_bytes_per_step(r) / MB for r in runs], width, label=name)
     for ax, title in ((held, "held per rank"), (sent, "sent per rank, per step")):
-        ax.set_xticks(range(len(ranks)), [str(n) for n in ranks], fontsize=12)
-        ax.set_xlabel("ranks", fontsize=12)
-        ax.set_title(title, fontsize=13)
-        ax.tick_params(axis="y", labelsize=11)
-    held.set_ylabel("MB (model state)", fontsize=12)
-    sent.legend(fontsize=10)
+        ax.set_xticks(range(len(ranks)), [str(n) for n in ranks], fontsize=13)
+        ax.set_title(title, fontsize=14)
+        ax.tick_params(axis="y", labelsize=12)
+        ax.set_ylabel("MB", fontsize=13)
+        ax.spines[["top", "right"]].set_visible(False)
+    sent.set_xlabel("ranks", fontsize=13)
+    sent.legend(fontsize=12, frameon=False)
     fig.tight_layout()
     return fig
 

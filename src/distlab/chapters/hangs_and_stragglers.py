@@ -135,7 +135,7 @@ def straggler_figure(report: dict):
     is drawn in red."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 3))
+    fig, ax = plt.subplots(figsize=(5.4, 3.4))
     for rank, times in enumerate(report["own_s"]):
         slow = rank in report["slow_ranks"]
         ax.plot(
@@ -144,10 +144,11 @@ def straggler_figure(report: dict):
             color="#c0392b" if slow else "#2e86c1",
             label=f"rank {rank}" + (" (flagged)" if slow else ""),
         )
-    ax.set_xlabel("step", fontsize=12)
-    ax.set_ylabel("own work, ms", fontsize=12)
+    ax.set_xlabel("step", fontsize=13)
+    ax.set_ylabel("own work, ms", fontsize=13)
+    ax.tick_params(labelsize=12)
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=12, frameon=False)
+    ax.legend(fontsize=13, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
