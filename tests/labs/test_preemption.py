@@ -13,7 +13,13 @@ import signal
 
 from distlab.infra.ports import free_port
 from distlab.metrics import read_metrics
-from support.labs import BASELINE, start_lab, torchrun, wait_for_logged_steps
+from support.labs import (
+    BASELINE,
+    ended,
+    start_lab,
+    torchrun,
+    wait_for_logged_steps,
+)
 
 # 20 steps of the tiny model, a loss and a gradient norm logged every step
 ARGS = [*BASELINE["args"], "--sample-chars", "0"]
@@ -44,10 +50,10 @@ def test_sigterm_to_torchrun_saves_and_resume_auto_trains_as_if_never_stopped(
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     out = tmp_path / "stopped"
-    run = start_lab("lab2_ddp.py", *RANKS, "--out", out, nprocs=2)
-    wait_for_logged_steps(out, 5, [run])
-    run.send_signal(signal.SIGTERM)  # as SLURM or Kubernetes would, to torchrun
-    stdout, stderr = run.communicate(timeout=120)
+    with ended(start_lab("lab2_ddp.py", *RANKS, "--out", out, nprocs=2)) as (run,):
+        wait_for_logged_steps(out, 5, [run])
+        run.send_signal(signal.SIGTERM)  # as SLURM or Kubernetes would, to torchrun
+        stdout, stderr = run.communicate(timeout=120)
     steps = stopped_at(stdout)
     assert 5 <= steps < 20, stdout[-3000:]
     # torchrun passed the signal on to both workers; each one noted it once
@@ -69,9 +75,10 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
         start_lab("lab4_fsdp2.py", *RANKS, "--out", out, nprocs=2, rank=r, port=port)
         for r in range(2)
     ]
-    wait_for_logged_steps(out, 3, ranks)
-    ranks[1].send_signal(signal.SIGTERM)  # rank 0 never gets it
-    done = [rank.communicate(timeout=120) for rank in ranks]
+    with ended(*ranks):
+        wait_for_logged_steps(out, 3, ranks)
+        ranks[1].send_signal(signal.SIGTERM)  # rank 0 never gets it
+        done = [rank.communicate(timeout=120) for rank in ranks]
     for rank, (_, stderr) in zip(ranks, done, strict=True):
         assert rank.returncode == 0, stderr[-3000:]
     steps = stopped_at(done[0][0])
@@ -89,14 +96,16 @@ def test_lab1_and_lab6_stop_on_sigusr1_and_go_on(tmp_path):
     SLURM's ``--signal=USR1@120`` reaches a task started without torchrun."""
     for script in ("lab1_single.py", "lab6_accelerate.py"):
         out = tmp_path / script
-        run = start_lab(script, *ARGS, "--out", out)
-        wait_for_logged_steps(out, 3, [run])
-        run.send_signal(signal.SIGUSR1)
-        stdout, stderr = run.communicate(timeout=120)
+        with ended(start_lab(script, *ARGS, "--out", out)) as (run,):
+            wait_for_logged_steps(out, 3, [run])
+            run.send_signal(signal.SIGUSR1)
+            stdout, stderr = run.communicate(timeout=120)
         assert run.returncode == 0, stderr[-3000:]
         steps = stopped_at(stdout)
-        resumed = start_lab(script, *ARGS, "--out", out, "--resume", "auto")
-        stdout, stderr = resumed.communicate(timeout=120)
+        with ended(start_lab(script, *ARGS, "--out", out, "--resume", "auto")) as (
+            resumed,
+        ):
+            stdout, stderr = resumed.communicate(timeout=120)
         assert resumed.returncode == 0, stderr[-3000:]
         losses = [loss for _, loss, _ in trained(out)]
         assert len(losses) == 20, (script, steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from distlab.infra.paths import LABS_DIR
 from distlab.infra.ports import free_port
+from distlab.infra.processes import kill_tree
 
 BASELINES = Path(__file__).parent / "baselines"
 # lab 1's losses on the tiny model (support/make_baseline.py); every distributed lab
@@ -125,7 +127,20 @@ def start_lab(
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        start_new_session=True,  # a group of its own, for kill_tree
     )
+
+
+@contextlib.contextmanager
+def ended(*procs: subprocess.Popen):
+    """On leaving the block, however: every process still running there, and all its
+    workers, killed; a failed test leaves no lab behind."""
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
 
 
 def wait_for_logged_steps(out: Path, steps: int, procs, timeout: float = 120) -> None:

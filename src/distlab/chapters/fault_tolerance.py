@@ -291,10 +291,26 @@ def save_events(out: str, steps: tuple[int, ...] = (10, 20)) -> list[dict]:
         (protocol, "write_durably", "train_state.json"),
         (pathlib.Path, "rename", "renamed"),
     ]
+    originals = [
+        (owner, attribute, getattr(owner, attribute)) for owner, attribute, _ in patches
+    ]
     for owner, attribute, name in patches:
         setattr(owner, attribute, stamped(name, getattr(owner, attribute)))
-    checkpoints.save(steps[-1])
+    try:
+        checkpoints.save(steps[-1])
+    finally:  # the process goes on to other experiments
+        for owner, attribute, original in originals:
+            setattr(owner, attribute, original)
     return events
+
+
+def save_then_preempt(out: str) -> tuple[list[dict], dict]:
+    """The page's two experiments on ranks, in one launch (torch imported once): one
+    save, step by step (``save_events``), then a preemption of rank 1
+    (``preemption_events``)."""
+    from distlab.tools.preemption_timeline import preemption_events
+
+    return save_events(out), preemption_events(out + "_preempt")
 
 
 def store_probe(work: Path) -> tuple[int, list[str]]:
