@@ -16,6 +16,7 @@ import pytest
 from distlab.chapters.multi_node import (
     EMULATED_SLURM,
     SBATCH_SCRIPT,
+    reports,
     run_nodes,
     run_sbatch_emulated,
     sbatch_directives,
@@ -126,3 +127,9 @@ def test_the_batch_script_parses():
         assert os.access(EMULATED_SLURM / shim, os.X_OK), (
             f"{shim} stand-in is not executable"
         )
+
+
+def test_reports_reads_two_workers_writes_that_met_on_one_line():
+    # a node's workers share its stdout; under load one line once held two reports
+    text = '{"RANK": "0", "env": {"a": 1}}{"RANK": "1"}\n{"RANK": "2"}\n'
+    assert [r["RANK"] for r in reports(text)] == ["0", "1", "2"]

@@ -373,6 +373,18 @@ def report() -> dict:
     return seen
 
 
+def reports(text: str) -> list[dict]:
+    """Every JSON object the workers printed into ``text``, even two on one line: the
+    workers of a node share its output, and under load their writes can meet."""
+    decoder, found, at = json.JSONDecoder(), [], text.find("{")
+    while at != -1:
+        report_, end = decoder.raw_decode(text, at)
+        found.append(report_)
+        at = text.find("{", end)
+    return found
+
+
 if __name__ == "__main__":
-    # one write, well under a pipe's atomic size
-    print(json.dumps(report()), flush=True)
+    # one write call, line and newline together, well under a pipe's atomic size
+    sys.stdout.write(json.dumps(report()) + "\n")
+    sys.stdout.flush()
