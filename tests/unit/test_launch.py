@@ -18,7 +18,7 @@ from distlab.infra.launch import (
     run_ranks,
     run_script,
 )
-from distlab.infra.launcher import _root_failure, rank_entry
+from distlab.infra.launcher import _root_failure, pump, rank_entry
 from distlab.runtime import pick_device
 
 
@@ -206,3 +206,19 @@ def test_the_reported_failure_is_the_root_cause_not_the_peer_that_lost_its_conne
         1,
         timed_out,
     )
+
+
+def test_a_failed_gloo_connect_is_not_echoed_into_the_callers_output(tmp_path, capsys):
+    # the launch is repeated; a page must not show a 300-column line of the attempt
+    log = tmp_path / "output.log"
+    log.write_text(
+        "[rank0] hello\n"
+        "[rank1] [E1127 20:09:22.86 ProcessGroupGloo.cpp:67] Gloo connectFullMesh "
+        "failed "
+        "with ... Connection closed by peer\n"
+    )
+    output, done = [], threading.Event()
+    done.set()
+    pump(log, done, output, quiet=False, muted=threading.Event())
+    assert capsys.readouterr().out == "[rank0] hello\n"
+    assert len(output) == 2  # kept for RankFailed, should every attempt fail

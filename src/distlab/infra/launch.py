@@ -33,6 +33,7 @@ import torch
 
 from distlab.errors import UserError
 from distlab.infra.launcher import (
+    CONNECT_FAILED,
     kill_session,
     pump,
     rank_entry,
@@ -110,7 +111,6 @@ def _check_gpus_for(nprocs: int, device: str) -> None:
 # launchers on 2 cores, and in one CI run of the tests on two workers). The cause is
 # inside gloo's connection set-up; no rank has run the caller's code yet, so the launch
 # is repeated.
-_CONNECT_FAILED = "Gloo connectFullMesh failed"
 _LAUNCH_ATTEMPTS = 3
 
 
@@ -127,11 +127,11 @@ def _launch(
         try:
             return _launch_once(entrypoint, args, nprocs, timeout, device, quiet, port)
         except RankFailed as failure:
-            if _CONNECT_FAILED not in str(failure) or attempt == _LAUNCH_ATTEMPTS:
+            if CONNECT_FAILED not in str(failure) or attempt == _LAUNCH_ATTEMPTS:
                 raise
+            # one short line: it can land in a page's output (within 88 columns)
             print(
-                "distlab.infra.launch: gloo could not connect the ranks "
-                f"({failure.summary[:90]}...); "
+                "distlab.infra.launch: gloo could not connect the ranks; "
                 f"launching again ({attempt + 1} of {_LAUNCH_ATTEMPTS})",
                 file=sys.stderr,
                 flush=True,

@@ -256,12 +256,20 @@ def pump(
             for line in lines:
                 line += "\n"
                 output.append(line)
-                if not (quiet or muted.is_set() or _AGENT_LOG.match(line)):
+                if not (
+                    quiet
+                    or muted.is_set()
+                    or _AGENT_LOG.match(line)
+                    or CONNECT_FAILED in line
+                ):
                     print(line, end="", flush=True)
         if pending:
             output.append(pending)
 
 
+# gloo's full-mesh connect failing at start: ``distlab.infra.launch`` launches again,
+# and if every attempt fails, its RankFailed carries the message; not echoed live
+CONNECT_FAILED = "Gloo connectFullMesh failed"
 # the elastic agent's own log lines ("E1121 10:00:08.758000 2413 torch/...") repeat what
 # RankFailed already says; the ranks' lines carry a "[rankN] " prefix and are kept
 _AGENT_LOG = re.compile(r"[EWI]\d{4} \d\d:\d\d:\d\d")
