@@ -36,6 +36,10 @@ from distlab.tools.debug import (
 # --- begin dying ---
 def dying_rank_demo(report: str, steps: int = 4) -> str:
     """A loop of one all-reduce per step; at step 2, rank 1 is killed."""
+    if dist.get_rank() == 0:
+        # the launcher SIGTERMs the survivors once it sees rank 1 gone; on a busy
+        # machine that can come first: ignore it here, to see what gloo reports
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for step in range(steps):
         loss = torch.tensor([2.0 - 0.1 * step])  # stands in for this rank's loss
         if dist.get_rank() == 1 and step == 2:
