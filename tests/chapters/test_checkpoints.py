@@ -65,8 +65,8 @@ def never_stopped(tmp_path_factory):
 def _rng_round_trip(out: str) -> tuple[int, list[float], list[float]]:
     """On each rank: save, draw, scramble the RNG, resume, draw again."""
     from distlab.checkpoint import Checkpoints
+    from distlab.checkpoint.checkpoints import CheckpointConfig as Config
     from distlab.parallel import apply_fsdp
-    from support.checkpoint_config import Config
 
     rank = torch.distributed.get_rank()
     model = apply_fsdp(gpt("tiny", seed=0))

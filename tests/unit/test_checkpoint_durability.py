@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from distlab.checkpoint import Checkpoints, inspect_checkpoint, latest
+from distlab.checkpoint.checkpoints import CheckpointConfig as Config
 from distlab.errors import UserError
 from distlab.infra.experiment import gpt
-from support.checkpoint_config import Config
 
 
 @pytest.fixture
