@@ -34,21 +34,23 @@ Around it, one subpackage per role:
     chapters/   one module per chapter page, named after it: ``chapters/fsdp2.py``
                 holds the experiments ``book/fsdp2.md`` runs
     exercises/  the checkers of the exercises that ask for code, named after their page
-    tools/      what a reader keeps using after the book: the debugging tools, the
-                run-log CLI (``python -m distlab.tools.runs``), the memory calculator,
-                the DDP step model and all-reduce cost models, counters of collectives'
-                bytes, the collectives each rank issued (``collective_lanes``), DDP's
-                bucket firing order, an exact distributed evaluation, a straggler
-                detector, and the planner
-                (``python -m distlab.tools.plan``: memory and step time of a run from
-                model shapes, GPUs and networks, and published runs); and the pictures
-                the sharding and checkpointing pages draw from real objects and runs:
-                what each rank holds (``memory_figures``, ``fsdp_holdings``,
-                ``fsdp2_views``, ``sharded_load``, ``fsdp_labs``), who sends what to
-                whom (``who_sends``), the prefetch timeline's labels (``label_row``),
-                the recompute timeline and policies (``ac_timeline``, ``ac_figures``,
-                ``ac_policy_figures``), and compile's orders and GPU share
-                (``fsdp_compile_figures``)
+    costs/      the cost model, pure arithmetic and nothing else: collectives on a
+                ring (and tree, halving-doubling, in-network, hierarchical) with
+                NCCL's latencies and a channel per NIC across nodes, DDP's buckets,
+                bytes of model state, a Llama block's activations, the strategies as
+                data rows; every other role reads its formulas from here
+    planner/    the capstone planner (``python -m distlab.planner``): model shapes,
+                GPUs and networks with their sources, the inputs and their checks,
+                predict (memory and step time), the communication timeline, the
+                recommender, the published runs as data (``runs/``), the calibration
+                on them with leave-one-out, a torchtitan-style Llama block measured on
+                the CPU, this machine's check, the page's form
+    tools/      what a reader keeps using after the book, one instrument a module
+                (listed in ``tools/__init__.py``): debugging tools, the run-log CLI,
+                the memory calculator, the DDP step model, counters of collectives
+                and their bytes, a straggler detector, an exact evaluation
+    figures/    the pictures pages draw from real objects and runs (what each rank
+                holds, who sends what to whom, a save step by step, ...)
     bench/      the benchmarks (``python -m distlab.bench``,
                 ``python -m distlab.bench.ddp``, ...), the lab scripts as the labs
                 benchmark runs them (``lab_scripts``), the recorded results'
@@ -66,10 +68,13 @@ Around it, one subpackage per role:
 Who may import whom (an arrow is "may import"; nothing imports upward):
 
     labs (src/labs/)       -> the training library
-    the training library   -> itself
-    scratch/               -> the training library
-    infra/                 -> the training library, scratch/
-    tools/                 -> the training library, infra/
+    costs/                 -> itself (pure arithmetic)
+    the training library   -> itself, costs/
+    scratch/               -> the training library, costs/
+    infra/                 -> the training library, costs/, scratch/
+    planner/               -> the training library, costs/, infra/
+    tools/                 -> the training library, costs/, infra/, planner/
+    figures/               -> all of the above
     chapters/, exercises/  -> all of the above
     bench/                 -> all of the above
 

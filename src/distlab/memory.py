@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
+from distlab.costs.activations import gpt2_block_bytes_per_token
 from distlab.model import GPTConfig
 
 
@@ -92,13 +93,9 @@ def activation_bytes_formula(
     computing in fp32 (``value_bytes=4``) or with bf16 parameters (2: FSDP2's
     ``param_dtype=bf16``).
 
-    Per block, in units of B*T*C values: the LayerNorm 1 input (1), its output as the
-    qkv input (1), the qkv output that attention keeps as q, k, v (3), the attention
-    output (1; the head merge ``transpose(1, 2).contiguous()`` copies nothing, because
-    the fused attention kernel already lays its output out as (B, T, H, C/H)), the
-    LayerNorm 2 input (1) and output (1), the MLP's hidden before GELU (4) and after it
-    (4): 16 BTC. Small terms: each LayerNorm's mean and 1/std (2BT each), attention's
-    log-sum-exp (B*H*T, always fp32). Outside the blocks: the final LayerNorm's input,
+    Per block: ``costs.activations.gpt2_block_bytes_per_token`` (16 BTC values and the
+    small terms: each LayerNorm's statistics, attention's log-sum-exp). Outside the
+    blocks: the final LayerNorm's input,
     output and statistics (2BTC + 2BT), the log-softmax of the logits (BTV, fp32 in both
     cases: the loss is computed from ``logits.float()``), the int64 token ids, positions
     and targets, and the loss's 4-byte weight sum. (With bf16 inputs the CPU keeps
@@ -116,7 +113,7 @@ def activation_bytes_formula(
         cfg.n_layer,
     )
     w, fp32 = value_bytes, 4
-    per_block = w * (16 * B * T * C + 2 * 2 * B * T) + fp32 * B * H * T
+    per_block = B * T * gpt2_block_bytes_per_token(C, 4 * C, H, w)
     head = w * (2 * B * T * C + 2 * B * T) + fp32 * B * T * V
     ids = 8 * (B * T + T + B * T) + fp32
     return {

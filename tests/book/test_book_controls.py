@@ -102,7 +102,7 @@ def test_memory_calculator_answers_as_the_python_functions_do(tab):
     """The zero_memory chapter's calculator is plain HTML and JavaScript: change the
     form and the table changes, to what `distlab.tools.memory_calculator.estimate` says.
     """
-    from distlab.tools.calculator_page import format_bytes
+    from distlab.infra.tables import format_bytes
     from distlab.tools.memory_calculator import estimate
 
     tab.goto(f"{tab.base}zero_memory.html")
@@ -113,9 +113,9 @@ def test_memory_calculator_answers_as_the_python_functions_do(tab):
     calc.locator("select[name=model]").select_option("paper_7.5b")
     calc.locator("select[name=dtype]").select_option("bf16_mixed")
     calc.locator("select[name=optimizer]").select_option("adamw")
-    calc.locator("select[name=strategy]").select_option("zero3")
+    calc.locator("select[name=strategy]").select_option("fsdp2")
     calc.locator("input[name=ranks]").fill("64")
-    expected = estimate("paper_7.5b", 64, "bf16_mixed", strategy="zero3")
+    expected = estimate("paper_7.5b", 64, "bf16_mixed", strategy="fsdp2")
     expect(total).to_contain_text(format_bytes(expected["total"]))
     assert total.inner_text() != first
     calc.locator("input[name=ranks]").fill("0")
@@ -123,29 +123,25 @@ def test_memory_calculator_answers_as_the_python_functions_do(tab):
 
 
 def test_planner_form_answers_as_the_python_planner_does(tab):
-    """The capstone's planner form runs without a kernel and answers as
-    `planner.predict` does."""
-    from distlab.tools.planner import Plan, gpu_cluster, predict
-    from distlab.tools.shapes import shape
+    """The capstone's planner form runs without a kernel and shows the answer
+    `planner.calibrate.predict_range` gives for the chosen plan."""
+    from distlab.planner.form import answer
 
     tab.goto(f"{tab.base}planner.html")
     form = tab.locator("#distlab-planner")
-    speed = form.locator(".time tr", has_text="tokens/s per GPU")
+    speed = form.locator(".speed")
     first = speed.inner_text()
-    form.locator("select[name=model]").select_option("llama3-70b")
-    form.locator("select[name=ac]").select_option("full")
-    form.locator("input[name=gpus]").fill("128")
-    p = predict(
-        shape("llama3-70b"),
-        gpu_cluster("a100-80gb", 128, 8, "ib-200g"),
-        Plan("fsdp2", 1, 8192, ac="full"),
-    )
-    expect(speed).to_contain_text(f"{round(p['tokens_per_s_per_gpu']):,}")
-    expect(form.locator(".verdict")).to_contain_text(
-        f"{p['memory']['total'] / 1e9:.1f} GB"
-    )
+    choice = {"model": "llama3-70b", "ac": "full", "cluster": "512/ib-400g"}
+    for name, value in choice.items():
+        form.locator(f"select[name={name}]").select_option(value)
+    chosen = {
+        name: form.locator(f"select[name={name}]").input_value()
+        for name in ("model", "gpu", "cluster", "strategy", "ac", "micro_batch")
+    } | {"seq_len": form.locator("select[name=seq_len]").input_value()}
+    mem_lo, mem, mem_hi, fits, lo, mid, hi = answer(chosen)
+    assert fits  # 70B with full checkpointing fits 512 GPUs
+    expect(speed).to_contain_text(f"{mid:,} ({lo:,} to {hi:,})")
+    expect(form.locator(".verdict")).to_contain_text(f"{mem:g} GiB")
     assert speed.inner_text() != first
-    form.locator("input[name=gpus]").fill("12")
-    expect(form.locator(".out")).to_contain_text(
-        "12 GPUs is not a whole number of nodes of 8"
-    )
+    form.locator("select[name=model]").select_option("gpt2-xl")
+    expect(form.locator(".out")).to_contain_text("longer than gpt2-xl's 1024 positions")

@@ -156,7 +156,7 @@ def test_bench_smoke_path(tmp_path):
 
 
 def test_recompute_counts_sorts_forward_operators_by_kind():
-    from distlab.tools.ac_policy_figures import recompute_counts
+    from distlab.figures.ac_policy_figures import recompute_counts
 
     ops = {
         "addmm": 6,

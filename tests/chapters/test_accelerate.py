@@ -129,7 +129,7 @@ def test_skips_sync_checker_catches_wrong_answers():
 # ------------------------------------------------------------ the prepare-tree figure
 def test_prepare_tree_draws_one_panel_per_setup():
     # the page draws the real trees; here only the drawing's shape, from fixed rows
-    from distlab.tools.prepare_tree import draw
+    from distlab.figures.prepare_tree import draw
 
     rows = [(0, "DistributedDataParallel"), (1, "GPT + autocast"), (0, "Opt(AdamW)")]
     fig = draw({"a": rows, "b": rows[1:]})

@@ -21,12 +21,12 @@ from distlab.chapters.ddp_scaling import (
     RECORDED,
     recorded_runs_check,
 )
+from distlab.costs import collectives as costs
 from distlab.errors import UserError
 from distlab.flops import flops_per_token
 from distlab.infra.launch import run_ranks
 from distlab.model import preset
 from distlab.scratch import halving_doubling
-from distlab.tools import allreduce_costs as costs
 from distlab.tools.step_model import (
     GPU_LINKS,
     Link,

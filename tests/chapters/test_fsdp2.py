@@ -89,7 +89,7 @@ SPANS = [  # (name, start, end): one block, resharded after forward, and the roo
 
 
 def test_unit_bars_reads_whole_spans_and_phases_from_fsdp2_ranges():
-    from distlab.tools.fsdp2_views import most_held, unit_bars
+    from distlab.figures.fsdp2_views import most_held, unit_bars
 
     bars = unit_bars(SPANS)
     block = {(kind, s, e) for kind, s, e in bars["blocks.0"]}
@@ -102,7 +102,7 @@ def test_unit_bars_reads_whole_spans_and_phases_from_fsdp2_ranges():
 
 
 def test_bench_verdicts_need_spreads_apart_and_4_ranks_on_2_cores_are_marked():
-    from distlab.tools.fsdp2_views import bench_rows, verdict
+    from distlab.figures.fsdp2_views import bench_rows, verdict
 
     assert verdict({"min": 3, "max": 4}, {"min": 1, "max": 2}) == "faster"
     assert verdict({"min": 1, "max": 2}, {"min": 3, "max": 4}) == "slower"

@@ -13,9 +13,9 @@ from distlab.chapters.fsdp_communication import (
     parameter_bytes,
     textbook_psi,
 )
+from distlab.figures import who_sends
 from distlab.infra.experiment import gpt
 from distlab.model import count_parameters
-from distlab.tools import who_sends
 from distlab.tools.collective_bytes import Call
 
 matplotlib.use("Agg")

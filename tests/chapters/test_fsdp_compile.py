@@ -71,9 +71,9 @@ def test_compute_share_counts_the_recompute_and_knows_its_peaks():
     """The page reads results/fsdp_compile_bench_large.json when it exists: a run on a
     GPU without a datasheet row gives no MFU rather than a wrong one."""
     from distlab.data import token_data
+    from distlab.figures.fsdp_compile_figures import compute_share
     from distlab.flops import flops_per_token
     from distlab.model import preset
-    from distlab.tools.fsdp_compile_figures import compute_share
 
     cfg = preset("tiny", vocab_size=token_data().vocab_size)
     plain = compute_share(_bench("none", "NVIDIA H100 80GB HBM3"))

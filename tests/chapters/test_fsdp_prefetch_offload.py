@@ -51,7 +51,7 @@ def test_offload_benchmark_smoke_run_on_the_cpu(tmp_path):
 
 def test_gather_labels_are_spread_apart_in_bounds_and_in_order():
     # the stepper's label row: all-gathers a few operators apart must not collide
-    from distlab.tools.label_row import spread
+    from distlab.figures.label_row import spread
 
     xs = [6, 25, 49, 56, 118, 180, 242]
     at = spread(xs, 50, 0, 400)

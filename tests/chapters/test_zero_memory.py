@@ -44,7 +44,7 @@ from distlab.tools.memory_checks import (
     zero_paper_bytes,
 )
 
-STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "fsdp2"}
 
 
 def test_every_cell_of_the_papers_table_1_to_its_printed_digits():
@@ -96,7 +96,7 @@ def test_stage_1_and_2_saturate_at_4x_and_8x_stage_3_is_n_times():
     assert reduction("zero2", 2**40, "bf16_mixed") == pytest.approx(8)
     assert (
         reduction("zero1", 8, "bf16_mixed") == 16 / (4 + 12 / 8)
-        and reduction("zero3", 64, "fp32") == 64
+        and reduction("fsdp2", 64, "fp32") == 64
     )
     # fp32 AdamW (4 + 4 + 8): at most 2x, 4x
     assert reduction("zero1", 2**40, "fp32") == pytest.approx(2)
@@ -122,14 +122,14 @@ def test_bytes_per_param_match_the_paper_and_fp32_adamw():
 
 
 def test_hybrid_with_g_equal_n_is_zero3_and_with_g_1_is_ddp():
-    assert per_rank_bytes(1e9, 8, strategy="hybrid", group_size=8) == per_rank_bytes(
-        1e9, 8, strategy="zero3"
+    assert per_rank_bytes(1e9, 8, strategy="hsdp", group_size=8) == per_rank_bytes(
+        1e9, 8, strategy="fsdp2"
     )
-    assert per_rank_bytes(1e9, 8, strategy="hybrid", group_size=1) == per_rank_bytes(
+    assert per_rank_bytes(1e9, 8, strategy="hsdp", group_size=1) == per_rank_bytes(
         1e9, 8, strategy="ddp"
     )
-    assert per_rank_bytes(1e9, 64, strategy="hybrid", group_size=8) == per_rank_bytes(
-        1e9, 8, strategy="zero3"
+    assert per_rank_bytes(1e9, 64, strategy="hsdp", group_size=8) == per_rank_bytes(
+        1e9, 8, strategy="fsdp2"
     )
 
 
@@ -139,10 +139,10 @@ def test_hybrid_with_g_equal_n_is_zero3_and_with_g_1_is_ddp():
         ({"ranks": 0}, "ranks must be a whole number >= 1"),
         ({"ranks": 2.5}, "ranks must be a whole number >= 1"),
         (
-            {"ranks": 8, "strategy": "hybrid", "group_size": 3},
+            {"ranks": 8, "strategy": "hsdp", "group_size": 3},
             "group size g that divides",
         ),
-        ({"ranks": 8, "strategy": "hybrid"}, "group size g that divides"),
+        ({"ranks": 8, "strategy": "hsdp"}, "group size g that divides"),
         (
             {"ranks": 8, "strategy": "zero4"},
             "unknown strategy 'zero4'; choose one of ddp, zero1",
@@ -168,7 +168,7 @@ def grid():
         [*MODELS, "custom"], [1, 2, 3, 8, 64, 1024], DTYPES, OPTIMIZERS, STRATEGIES
     ):
         for group in (
-            [g for g in (1, 2, 4) if ranks % g == 0] if strategy == "hybrid" else [None]
+            [g for g in (1, 2, 4) if ranks % g == 0] if strategy == "hsdp" else [None]
         ):
             cfg = MODELS.get(model, {}).get("config")
             block_size = cfg.block_size if cfg else 1
@@ -255,11 +255,11 @@ console.log(out.textContent || out.innerHTML);
     [
         ({"model": "paper_7.5b", "ranks": 64, "strategy": "zero1"}, "<b>31.4 GB</b>"),
         (
-            {"model": "gpt2", "ranks": 8, "strategy": "zero3", "ac": True, "seq": 1024},
+            {"model": "gpt2", "ranks": 8, "strategy": "fsdp2", "ac": True, "seq": 1024},
             None,
         ),
         (
-            {"model": "tiny", "ranks": 8, "strategy": "hybrid", "group": 3},
+            {"model": "tiny", "ranks": 8, "strategy": "hsdp", "group": 3},
             "hybrid sharding needs a group size g",
         ),
         ({"model": "tiny", "seq": 65}, "sequence length from 1 to 64"),
@@ -347,7 +347,7 @@ def test_without_resharding_the_calculator_gathers_every_parameter_whole():
     n = model_params("gpt2")
     no_reshard, zero3 = (
         estimate("gpt2", 8, "bf16_mixed", strategy=s)
-        for s in ("fsdp2_no_reshard", "zero3")
+        for s in ("fsdp2-no-reshard", "fsdp2")
     )
     assert no_reshard["gathered"] == 2 * n  # every parameter, whole, in bf16
     assert [no_reshard[p] for p in PARTS] == [zero3[p] for p in PARTS] and sum(
@@ -355,6 +355,6 @@ def test_without_resharding_the_calculator_gathers_every_parameter_whole():
     ) == 16 * n / 8
     assert (
         zero3["gathered"]
-        == 2 * gathered_params("zero3", n, MODELS["gpt2"]["config"])
+        == 2 * gathered_params("fsdp2", n, MODELS["gpt2"]["config"])
         < no_reshard["gathered"]
     )

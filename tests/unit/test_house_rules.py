@@ -115,15 +115,21 @@ def test_every_lab_page_has_its_script_and_test_file():
 
 # who may import whom: the role of a module -> the roles it may import (CONTRIBUTING.md,
 # distlab/__init__.py)
-LIBRARY = {"library"}
+LIBRARY = {"library", "costs"}
 ALLOWED = {
+    "costs": {"costs"},
     "library": LIBRARY,
     "scratch": LIBRARY | {"scratch"},
     "infra": LIBRARY | {"scratch", "infra"},
-    "tools": LIBRARY | {"infra", "tools"},
-    "chapters": LIBRARY | {"scratch", "infra", "tools", "chapters"},
-    "exercises": LIBRARY | {"scratch", "infra", "tools", "chapters", "exercises"},
-    "bench": LIBRARY | {"scratch", "infra", "tools", "chapters", "bench"},
+    "planner": LIBRARY | {"infra", "planner"},
+    "tools": LIBRARY | {"infra", "planner", "tools"},
+    "figures": LIBRARY | {"scratch", "infra", "planner", "tools", "figures"},
+    "chapters": LIBRARY
+    | {"scratch", "infra", "planner", "tools", "figures", "chapters"},
+    "exercises": LIBRARY
+    | {"scratch", "infra", "planner", "tools", "figures", "chapters", "exercises"},
+    "bench": LIBRARY
+    | {"scratch", "infra", "planner", "tools", "figures", "chapters", "bench"},
 }
 
 

@@ -5,7 +5,7 @@ import shlex
 import subprocess
 
 from distlab.chapters.multi_node import SBATCH_SCRIPT
-from distlab.tools.node_map import script_lines, wrap_command
+from distlab.figures.node_map import script_lines, wrap_command
 
 
 def test_the_script_excerpt_fits_the_column_and_still_parses():

@@ -1,4 +1,4 @@
-"""The planner checked on this machine (``distlab.tools.planner_check``): its
+"""The planner checked on this machine (``distlab.planner.cpu_check``): its
 predictions for the recorded CPU runs of labs 1-5
 (results/bench/cpu_shakespeare_fp32.json), fed only the inputs ``python -m
 distlab.bench.planner_inputs`` measured (results/planner_cpu_inputs.json). Reads the two
@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
+from distlab.costs.collectives import collective_s
 from distlab.model import GPT, preset
-from distlab.tools.planner import predict
-from distlab.tools.planner_check import (
+from distlab.planner.cpu_check import (
     CHECKED_LABS,
     INPUTS,
     RECORDED,
@@ -24,7 +24,7 @@ from distlab.tools.planner_check import (
     plan_of,
     shape_of,
 )
-from distlab.tools.planner_comm import ring_seconds
+from distlab.planner.predict import predict
 
 INPUT_DATA = json.loads(INPUTS.read_text())
 RECORDED_DATA = json.loads(RECORDED.read_text())
@@ -205,23 +205,23 @@ def test_on_these_cores_every_collective_is_exposed_and_each_one_counts():
             grads = 4 * shape.n_params()
             buckets = 1 + math.ceil((grads - 2**20) / (25 * 2**20))
             expected = {
-                "all_reduce": ring_seconds("all_reduce", grads, n, link)
+                "all-reduce": collective_s("all-reduce", grads, n, link)
                 + (buckets - 1) * 2 * (n - 1) * link.alpha
             }
         # FSDP2: per micro-batch the root and every block gathered twice; once per step
         # reduce-scattered
         else:
             expected = {
-                "all_gather": plan.accum
+                "all-gather": plan.accum
                 * (
-                    ring_seconds("all_gather", 4 * shape.root_params(), n, link)
+                    collective_s("all-gather", 4 * shape.root_params(), n, link)
                     + 2
                     * L
-                    * ring_seconds("all_gather", 4 * shape.block_params(), n, link)
+                    * collective_s("all-gather", 4 * shape.block_params(), n, link)
                 ),
-                "reduce_scatter": L
-                * ring_seconds("reduce_scatter", 4 * shape.block_params(), n, link)
-                + ring_seconds("reduce_scatter", 4 * shape.root_params(), n, link),
+                "reduce-scatter": L
+                * collective_s("reduce-scatter", 4 * shape.block_params(), n, link)
+                + collective_s("reduce-scatter", 4 * shape.root_params(), n, link),
             }
         assert t["collectives"] == pytest.approx(expected, rel=1e-9)
 

@@ -34,7 +34,7 @@ Each rank count is launched ``--repeats`` times, the rounds interleaved (1, 2, 4
 4...) so that a busy spell of the shared machine spreads over all of them; the result
 keeps every repeat and their median. Written to ``--out`` (default
 ``results/planner_cpu_inputs.json``) with its provenance.
-``distlab.tools.planner_check`` turns it into the planner's ``Cluster``.
+``distlab.planner.cpu_check`` turns it into the planner's ``Cluster``.
 """
 
 from __future__ import annotations

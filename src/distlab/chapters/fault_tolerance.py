@@ -308,7 +308,7 @@ def save_then_preempt(out: str) -> tuple[list[dict], dict]:
     """The page's two experiments on ranks, in one launch (torch imported once): one
     save, step by step (``save_events``), then a preemption of rank 1
     (``preemption_events``)."""
-    from distlab.tools.preemption_timeline import preemption_events
+    from distlab.figures.preemption_timeline import preemption_events
 
     return save_events(out), preemption_events(out + "_preempt")
 

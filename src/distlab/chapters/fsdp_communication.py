@@ -15,7 +15,7 @@ The collectives are counted by ``distlab.tools.collective_bytes.CollectiveBytes`
 tensor bytes each c10d op was handed, and the ranks of its group), one counter per
 phase (forward, backward, optimizer step), and what the rank really wrote to its
 sockets is read from ``/proc/self/io`` around the same step. The figures are drawn from
-those counts by ``distlab.tools.who_sends``.
+those counts by ``distlab.figures.who_sends``.
 """
 
 from __future__ import annotations
@@ -23,14 +23,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from distlab.costs.collectives import RING_FACTOR
 from distlab.data import token_data
 from distlab.infra.experiment import gpt
 from distlab.runtime import rank_world
-from distlab.tools.collective_bytes import (
-    RING_FACTOR,
-    CollectiveBytes,
-    socket_bytes_written,
-)
+from distlab.tools.collective_bytes import CollectiveBytes, socket_bytes_written
 
 # name -> FSDP2's reshard_after_forward (None: not FSDP2); every one is built by _wrap
 # on 4 ranks. The names label the figures; a name's "(...)" is its second line.

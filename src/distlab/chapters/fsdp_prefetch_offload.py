@@ -23,12 +23,12 @@ from collections import Counter
 import torch
 
 from distlab.data import token_data
+from distlab.figures.label_row import label_row
 from distlab.model import GPT, preset
 from distlab.parallel import apply_fsdp
 from distlab.runtime import rank_world
 from distlab.tools.collective_bytes import CollectiveBytes
 from distlab.tools.fsdp_timeline import GatheredTimeline, fsdp_units, gather_leads, peak
-from distlab.tools.label_row import label_row
 
 N_LAYER = 6  # blocks: enough for a prefetch of 2 to differ from one of 1
 

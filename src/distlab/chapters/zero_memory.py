@@ -2,7 +2,7 @@
 (``distlab.scratch.zero1``) against torch's ``ZeroRedundancyOptimizer`` and one
 process; the calculator (``distlab.tools.memory_calculator``) against bytes counted on
 real DDP and FSDP2 ranks, what FSDP2 gathers during a step, and activations saved with
-and without checkpointing. The figures are in ``distlab.tools.memory_figures``.
+and without checkpointing. The figures are in ``distlab.figures.memory_figures``.
 
     run_ranks(zero1_gpt, nprocs=2)  # losses, parameters, owners, bytes per rank
     measured = {n: run_ranks(measure_one_step, nprocs=n) for n in (2, 4)}
@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from distlab.chapters.activation_checkpointing import checkpoint_blocks
+from distlab.figures.memory_figures import reduction  # noqa: F401 (for the page)
 from distlab.memory import activation_peak_bytes, saved_activation_bytes, state_bytes
 from distlab.model import GPT, GPTConfig, parameter_formula, preset
 from distlab.tools.memory_calculator import (
@@ -32,7 +33,6 @@ from distlab.tools.memory_checks import (  # noqa: F401 (paper_table_1: for the 
     exact_adamw_state_bytes,
     paper_table_1,
 )
-from distlab.tools.memory_figures import reduction  # noqa: F401 (for the page)
 
 # the strategies measure_one_step runs, in the project's names
 MEASURED = ("ddp", "fsdp2", "fsdp2-bf16")
@@ -76,7 +76,7 @@ def measured_rows(measured: dict[int, list[dict]]) -> list[dict]:
         for rank, got in enumerate(ranks):
             for kind, fsdp2, strategy in (
                 ("ddp", False, "ddp"),
-                ("fsdp2", True, "zero3"),
+                ("fsdp2", True, "fsdp2"),
             ):
                 counted = got[kind]["counted"]["total"]
                 calculator = per_rank_bytes(n_params, n, "fp32", "adamw", strategy)[
@@ -172,8 +172,8 @@ def fsdp2_gathered(n_layer: int = 4, global_batch: int = 4) -> dict[str, dict]:
     all-gathers already done for a unit that has not started (a prefetch), and the
     all-gather buffer kept in forward until the next unit's copy-out
     (``comm_ctx.all_gather_state``, on any device). Their most in forward, in
-    backward, and the calculator's, by its strategy name ("zero3",
-    "fsdp2_no_reshard")."""
+    backward, and the calculator's, by its strategy name ("fsdp2",
+    "fsdp2-no-reshard")."""
     from distlab.data import token_data
     from distlab.parallel import apply_fsdp
     from distlab.runtime import dist_env, pick_device, rank_world
@@ -224,7 +224,7 @@ def fsdp2_gathered(n_layer: int = 4, global_batch: int = 4) -> dict[str, dict]:
         for block in model.blocks:
             block.mlp.register_forward_hook(probe)
         model(x, y)[1].backward()
-        strategy = "zero3" if reshard else "fsdp2_no_reshard"
+        strategy = "fsdp2" if reshard else "fsdp2-no-reshard"
         # the calculator's, fp32
         whole = gathered_params(strategy, parameter_formula(cfg), cfg)
         out[strategy] = {

@@ -55,6 +55,7 @@ ANATOMY_PAGES = (
     "fault_tolerance",
     "multi_node",
     "debugging",
+    "planner",
     "labs/lab1_single",
     "labs/lab2_ddp",
     "labs/lab3_grad_accum",

@@ -26,3 +26,13 @@ def markdown_table(rows: list[dict], formats: dict[str, str] | None = None):
         "| " + " | ".join(cell(c, row[c]) for c in columns) + " |" for row in rows
     ]
     return Markdown("\n".join(lines))
+
+
+def format_bytes(n: float) -> str:
+    """Decimal units, as the ZeRO paper uses: 1 GB = 1e9 bytes."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            v = n / size
+            # as the page's fmt()
+            return f"{v:.{0 if v >= 100 else 1 if v >= 10 else 2}f} {unit}"
+    return f"{n:.0f} B"

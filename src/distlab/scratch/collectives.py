@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from distlab.costs.collectives import Link, collective_s, ring_bytes_sent
+
 
 def _send_recv(
     send_buf: torch.Tensor, dst: int, recv_buf: torch.Tensor, src: int
@@ -274,7 +276,7 @@ def ring_bytes_sent_per_rank(numel: int, n_ranks: int, element_size: int) -> flo
     the tensor (exact when N divides numel; otherwise chunk sizes differ by
     one element).
     """
-    return 2 * (n_ranks - 1) / n_ranks * numel * element_size
+    return ring_bytes_sent("all-reduce", numel * element_size, n_ranks)
 
 
 def rank0_bytes_sent(numel: int, n_ranks: int, element_size: int) -> float:
@@ -324,7 +326,7 @@ def traffic_figure(numel: int, element_size: int = 4, ranks=(2, 8, 64, 512)):
 def model_time(alpha: float, bandwidth: float, n: int, nbytes: int) -> float:
     """The ring's alpha-beta model: 2(N-1) latencies plus 2(N-1)/N of the bytes at
     ``bandwidth``."""
-    return 2 * (n - 1) * alpha + ring_bytes_sent_per_rank(nbytes, n, 1) / bandwidth
+    return collective_s("all-reduce", nbytes, n, Link("ring", alpha, bandwidth, ""))
 
 
 def blocking_ring_send_first(tensor: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 from distlab.infra.paths import REPO_ROOT
+from distlab.infra.tables import format_bytes
 from distlab.tools.memory_calculator import (
     DTYPES,
     GB,
@@ -29,16 +30,6 @@ from distlab.tools.memory_calculator import (
 # the rows of the calculator: model state, then what a step holds for a while (FSDP2's
 # gathered parameters and the activations, both at their peak)
 SHOWN = (*PARTS, "gathered", "activations")
-
-
-def format_bytes(n: float) -> str:
-    """Decimal units, as the ZeRO paper uses: 1 GB = 1e9 bytes."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            v = n / size
-            # as the page's fmt()
-            return f"{v:.{0 if v >= 100 else 1 if v >= 10 else 2}f} {unit}"
-    return f"{n:.0f} B"
 
 
 # The browser half of the calculator: a real .js file, inlined into the form (the page's
@@ -108,7 +99,7 @@ def calculator_widget():
         "optimizer": w.Dropdown(options=list(OPTIMIZERS), description="optimizer"),
         "strategy": w.Dropdown(
             description="strategy",
-            options=[(v["label"], k) for k, v in STRATEGIES.items()],
+            options=[(v.label, k) for k, v in STRATEGIES.items()],
         ),
         "group_size": w.BoundedIntText(4, min=1, max=1024, description="group g"),
         "activation_checkpointing": w.Checkbox(

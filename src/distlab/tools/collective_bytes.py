@@ -21,12 +21,12 @@ size of the group each ran on (HSDP has two). It is thread-local: run the counte
 on the thread that opened it (CPU autograd does).
 
 The tensor bytes are what was handed to the op; the bytes a rank *sends* depend on the
-algorithm. ``RING_FACTOR`` states the ring's (NCCL's default for large messages, and
-gloo's for these ops except reduce-scatter, see
-``distlab.chapters.fsdp_communication``): S the tensor bytes, N the group: all-gather of
-an output of S sends (N-1)/N S; reduce-scatter of an input of S, (N-1)/N S; all-reduce
-of S, 2(N-1)/N S; broadcast of S, (N-1)/N S on average over the ranks (the root and
-every rank but the last of the chain send S).
+algorithm. ``distlab.costs.collectives.RING_FACTOR`` states the ring's (NCCL's default
+for large messages, and gloo's for these ops except reduce-scatter, see
+``distlab.chapters.fsdp_communication``): S the tensor bytes, N the group: all-gather
+of an output of S sends (N-1)/N S; reduce-scatter of an input of S, (N-1)/N S;
+all-reduce of S, 2(N-1)/N S; broadcast of S, (N-1)/N S on average over the ranks (the
+root and every rank but the last of the chain send S).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from distlab.costs.collectives import ring_bytes_sent
 
 # --- begin ops ---
 # c10d operator -> (kind, which argument holds the tensor(s) whose bytes define S,
@@ -50,13 +52,6 @@ C10D_OPS = {
     "_reduce_scatter_base_": ("reduce-scatter", 1, 2),
     "reduce_scatter_tensor_coalesced_": ("reduce-scatter", 1, 2),
     "broadcast_": ("broadcast", 0, 1),
-}
-
-RING_FACTOR = {  # bytes one rank sends per tensor byte, on a ring of N ranks
-    "all-gather": lambda n: (n - 1) / n,
-    "reduce-scatter": lambda n: (n - 1) / n,
-    "all-reduce": lambda n: 2 * (n - 1) / n,
-    "broadcast": lambda n: (n - 1) / n,
 }
 # --- end ops ---
 
@@ -123,8 +118,8 @@ class CollectiveBytes(TorchDispatchMode):
         """Bytes this rank sends, by kind, on a ring (``RING_FACTOR``)."""
         total: dict[str, float] = defaultdict(float)
         for call in self.calls:
-            total[call.kind] += (
-                RING_FACTOR[call.kind](call.group_size) * call.tensor_bytes
+            total[call.kind] += ring_bytes_sent(
+                call.kind, call.tensor_bytes, call.group_size
             )
         return dict(total)
 

@@ -2,7 +2,7 @@
 
     # the ZeRO paper's 31.4 GB
     per_rank_bytes(7.5e9, ranks=64, dtype="bf16_mixed", strategy="zero1")
-    estimate("shakespeare", ranks=4, strategy="zero3", micro_batch=16, seq_len=256)
+    estimate("shakespeare", ranks=4, strategy="fsdp2", micro_batch=16, seq_len=256)
 
 Model state is counted as the ZeRO paper counts it (Rajbhandari et al., arXiv
 1910.02054, Section 5): a number of bytes per parameter for each part (parameters,
@@ -24,72 +24,20 @@ from __future__ import annotations
 
 import torch
 
-from distlab.memory import activation_bytes_formula
+from distlab.costs.state import (
+    DTYPES,
+    OPTIMIZERS,
+    _choice,
+    bytes_per_param,
+    per_rank_bytes,
+)
+from distlab.costs.strategies import PARTS, STRATEGIES
 from distlab.model import Block, GPTConfig, parameter_formula, preset
+from distlab.planner.predict import activation_terms
+from distlab.planner.shapes import from_gpt_config
 
 GB = 1e9  # the ZeRO paper's GB: 16 bytes x 7.5e9 parameters = 120e9 bytes, its "120 GB"
-PARTS = ("params", "grads", "optimizer")
 
-# --- begin coefficients ---
-# bytes per parameter of the weights and gradients the forward/backward pass uses, and
-# of the fp32 copy of the weights that mixed precision keeps for the optimizer
-# ("master" weights)
-DTYPES = {
-    "fp32": {"params": 4, "grads": 4, "master": 0},
-    "bf16_mixed": {"params": 2, "grads": 2, "master": 4},
-}
-# fp32 optimizer state per parameter: AdamW's two moments, SGD's momentum buffer, plain
-# SGD none
-OPTIMIZERS = {"adamw": 8, "sgd_momentum": 4, "sgd": 0}
-# --- end coefficients ---
-
-# --- begin strategies ---
-# which parts each strategy divides, and by how many ranks ("ranks": all N, "group": g);
-# and which whole parameters FSDP2 holds on top of its shards at the peak of a step
-# ("gathered"): "units", the root plus two blocks' worth (the block computing, and the
-# next one prefetched in backward or the kept all-gather buffer in forward), or "model"
-STRATEGIES = {
-    "ddp": {
-        "label": "DDP (no sharding)",
-        "sharded": (),
-        "divisor": "ranks",
-        "gathered": None,
-    },
-    "zero1": {
-        "label": "ZeRO-1: optimizer state",
-        "sharded": ("optimizer",),
-        "divisor": "ranks",
-        "gathered": None,
-    },
-    "zero2": {
-        "label": "ZeRO-2: + gradients",
-        "sharded": ("optimizer", "grads"),
-        "divisor": "ranks",
-        "gathered": None,
-    },
-    "zero3": {
-        "label": "ZeRO-3 = FSDP2 fully_shard",
-        "sharded": PARTS,
-        "divisor": "ranks",
-        "gathered": "units",
-    },
-    # reshard_after_forward=False: the same shards, and each unit's gathered parameters
-    # alive from its forward to its backward, so when backward starts every unit
-    # is whole
-    "fsdp2_no_reshard": {
-        "label": "FSDP2 reshard_after_forward=False",
-        "sharded": PARTS,
-        "divisor": "ranks",
-        "gathered": "model",
-    },
-    "hybrid": {
-        "label": "hybrid: shard in groups of g, replicate across",
-        "sharded": PARTS,
-        "divisor": "group",
-        "gathered": "units",
-    },
-}
-# --- end strategies ---
 
 GPT2_SMALL = GPTConfig(
     vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768
@@ -104,65 +52,6 @@ MODELS: dict[str, dict] = {
 }
 
 
-def _choice(kind: str, value: str, options) -> None:
-    if value not in options:
-        raise ValueError(
-            f"unknown {kind} {value!r}; choose one of {', '.join(options)}"
-        )
-
-
-def bytes_per_param(dtype: str = "fp32", optimizer: str = "adamw") -> dict[str, int]:
-    """Bytes per parameter of each part when nothing is sharded.
-
-    bf16 mixed precision with AdamW gives 2 + 2 + 12: the paper's 2Ψ + 2Ψ + KΨ with K =
-    12 (fp32 master weights, momentum and variance); fp32 AdamW gives 4 + 4 + 8 = 16.
-    """
-    _choice("dtype", dtype, DTYPES)
-    _choice("optimizer", optimizer, OPTIMIZERS)
-    d = DTYPES[dtype]
-    return {
-        "params": d["params"],
-        "grads": d["grads"],
-        "optimizer": d["master"] + OPTIMIZERS[optimizer],
-    }
-
-
-def divisor(strategy: str, ranks: int, group_size: int | None = None) -> int:
-    """How many ranks share each sharded part; checks the inputs on the way."""
-    _choice("strategy", strategy, STRATEGIES)
-    if not isinstance(ranks, int) or ranks < 1:
-        raise ValueError(f"ranks must be a whole number >= 1, got {ranks!r}")
-    if STRATEGIES[strategy]["divisor"] == "ranks":
-        return ranks
-    if not isinstance(group_size, int) or group_size < 1 or ranks % group_size:
-        raise ValueError(
-            f"hybrid sharding needs a group size g that divides the {ranks} ranks "
-            f"(shard within g, replicate across ranks/g), got g={group_size!r}"
-        )
-    return group_size
-
-
-def per_rank_bytes(
-    n_params: float,
-    ranks: int,
-    dtype: str = "fp32",
-    optimizer: str = "adamw",
-    strategy: str = "ddp",
-    group_size: int | None = None,
-) -> dict[str, float]:
-    """Model-state bytes on each rank: ``coef * n_params / (divisor if sharded else 1)``
-    per part."""
-    d = divisor(strategy, ranks, group_size)
-    coef = bytes_per_param(dtype, optimizer)
-    sharded = STRATEGIES[strategy]["sharded"]
-    out = {
-        part: coef[part] * n_params / (d if part in sharded else 1) for part in PARTS
-    }
-    out["total"] = out["params"] + out["grads"] + out["optimizer"]
-    return out
-
-
-# --- begin activations ---
 # bytes per activation value: the precision the forward computes in
 VALUE_BYTES = {"fp32": 4, "bf16_mixed": 2}
 MOMENTS = ("loss", "last block")  # where backward can reach its peak
@@ -178,12 +67,13 @@ def activation_bytes(
     """Activation bytes on one rank for a micro-batch of ``batch`` sequences
     of ``seq_len``.
 
-    ``saved``: what autograd keeps after the forward pass. Without checkpointing, every
-    block's saved tensors (``activation_bytes_formula``). With each block checkpointed,
-    only each block's (B, T, C) input, plus what the layers outside the blocks save.
-    ``recompute``: with checkpointing, one block's saved tensors, rebuilt in backward.
-    ``peak`` is ``saved`` plus the most that backward adds at one moment, ``at`` one
-    of two:
+    The planner's count (``distlab.planner.predict.activation_terms``), for the book's
+    GPT. ``saved``: what autograd keeps after the forward pass. Without checkpointing,
+    every block's saved tensors (``activation_bytes_formula``). With each block
+    checkpointed, only each block's (B, T, C) input, plus what the layers outside the
+    blocks save. ``recompute``: with checkpointing, one block's saved tensors, rebuilt
+    in backward. ``peak`` is ``saved`` plus the most that backward adds at one moment,
+    ``at`` one of two:
     * "loss": log-softmax's backward holds the gradients of its output and of the
       logits, two (B, T, V) fp32 tensors (fp32 in bf16 too: the loss is computed from
       logits.float());
@@ -201,30 +91,16 @@ def activation_bytes(
             f"got batch={batch}, seq_len={seq_len}"
         )
     _choice("dtype", dtype, VALUE_BYTES)
-    w, B, T, C, V = VALUE_BYTES[dtype], batch, seq_len, cfg.n_embd, cfg.vocab_size
-    full = activation_bytes_formula(cfg, B, T, w)
-    saved, recompute = full["total"], 0
-    if checkpointing:
-        saved, recompute = (
-            cfg.n_layer * w * B * T * C + full["outside_blocks"],
-            full["per_block"],
-        )
-    freed = 4 * B * T * V + w * (2 * B * T * C + 2 * B * T)
-    added = {
-        "loss": 2 * 4 * B * T * V,
-        "last block": recompute + w * (5 * B * T * C + 4 * C * C + C + V * C) - freed,
-    }
-    at = max(MOMENTS, key=added.get)
-    return {
-        "saved": saved,
-        "recompute": recompute,
-        "peak": saved + added[at],
-        "at": at,
-        "added": added,
-    }
-
-
-# --- end activations ---
+    shape = from_gpt_config("model", "model", cfg, "distlab.model")
+    terms = activation_terms(
+        shape,
+        batch,
+        seq_len,
+        "full" if checkpointing else "none",
+        1,
+        VALUE_BYTES[dtype],
+    )
+    return {k: terms[k] for k in ("saved", "recompute", "peak", "at", "added")}
 
 
 def activation_coefficients(
@@ -280,7 +156,7 @@ def gathered_params(
     under FSDP2 with resharding, which needs the architecture (None without one);
     every unit without (the end of forward also holds the last block's all-gather
     buffer, which this leaves out)."""
-    kind = STRATEGIES[strategy]["gathered"]
+    kind = STRATEGIES[strategy].gathered
     if kind is None:
         return 0
     if kind == "model":
@@ -335,7 +211,7 @@ def calculator_data() -> dict:
             "label": spec["label"],
             "params": model_params(name),
             "block_size": cfg.block_size if cfg else None,
-            "gathered_units": gathered_params("zero3", model_params(name), cfg),
+            "gathered_units": gathered_params("fsdp2", model_params(name), cfg),
             "activations": {
                 d: {
                     "off": activation_coefficients(cfg, False, d),
@@ -353,10 +229,10 @@ def calculator_data() -> dict:
         },
         "strategies": {
             s: {
-                "label": v["label"],
-                "divisor": v["divisor"],
-                "sharded": {p: p in v["sharded"] for p in PARTS},
-                "gathered": v["gathered"],
+                "label": v.label,
+                "divisor": v.shards_over,
+                "sharded": {p: p in v.sharded for p in PARTS},
+                "gathered": v.gathered,
             }
             for s, v in STRATEGIES.items()
         },

@@ -109,7 +109,7 @@ def exact_adamw_state_bytes(
     return out
 
 
-_STAGES = ("ddp", "zero1", "zero2", "zero3")  # the paper's stage -> our strategy
+_STAGES = ("ddp", "zero1", "zero2", "fsdp2")  # the paper's stage -> our strategy
 
 
 def paper_table_1() -> list[dict]:

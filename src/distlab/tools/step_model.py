@@ -18,37 +18,27 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
 
 import torch
 
+from distlab.costs import collectives as nccl
+from distlab.costs.buckets import (
+    DEFAULT_CAP_BYTES,
+    FIRST_BUCKET_BYTES,
+    MiB,
+    bucket_sizes,
+    steady_ready,
+    timeline,
+)
+from distlab.costs.collectives import Link, ring_all_reduce_s
 from distlab.errors import UserError
 from distlab.flops import flops_per_token
 from distlab.model import GPT, GPTConfig
-from distlab.tools import allreduce_costs as nccl
-
-MiB = 2**20
-# dist._DEFAULT_FIRST_BUCKET_BYTES: the first bucket when bucket_cap_mb is not passed
-FIRST_BUCKET_BYTES = 1 * MiB
-DEFAULT_CAP_BYTES = 25 * MiB  # DDP's bucket_cap_mb default
-
-
-@dataclass(frozen=True)
-class Link:
-    """What one rank's all-reduce runs over: a per-step latency, a bus bandwidth
-    (bytes/s) and a latency paid once per call."""
-
-    name: str
-    alpha: float  # seconds per ring step
-    busbw: float  # bytes per second each rank's link moves, the nccl-tests "busbw"
-    source: str  # where the numbers come from
-    base: float = 0.0  # seconds once per all-reduce (NCCL's baseLat)
-
 
 # The GPU links are inputs, not measurements of this page. NVLink: the ring's busbw on 8
 # H100s that NCCL's maintainer quotes (nccl-tests#212); networks: a NIC's line rate (100
 # and 400 Gb/s: 12.5 and 50 GB/s each way), one GPU per node. Latencies: NCCL's tuning
-# model for a Ring/Simple all-reduce (allreduce_costs), the network's with the plateau
+# model for a Ring/Simple all-reduce (costs.collectives), the network's with the plateau
 # factor NCCL applies to multi-node rings.
 _NET_ALPHA = nccl.RING_PLATEAU * nccl.NET_STEP
 _NET_BASE = nccl.RING_PLATEAU * nccl.BASE_SIMPLE
@@ -70,14 +60,6 @@ GPU_LINKS = {
 # an assumption, not a measurement: the fraction of the bf16 datasheet peak the GPU
 # model computes at
 ASSUMED_MFU = 0.4
-
-
-def ring_all_reduce_s(nbytes: float, n: int, link: Link) -> float:
-    """The ring all-reduce's time in the alpha-beta model of book/collectives.md, plus
-    the link's per-call latency."""
-    if n < 2:
-        return 0.0
-    return link.base + 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * nbytes / link.busbw
 
 
 @functools.cache
@@ -111,31 +93,6 @@ def backward_done(cfg: GPTConfig) -> list[float]:
         done.append(done[-1] + work)
     total = done[-1]
     return [d / total for d in done[1:]]
-
-
-# --- begin buckets ---
-def bucket_sizes(
-    grad_bytes: list[int],
-    cap_bytes: int = DEFAULT_CAP_BYTES,
-    first_bytes: int | None = None,
-) -> list[int]:
-    """DDP's buckets in launch order: gradients in reverse ``parameters()`` order
-    (backward produces the last layers first); a bucket closes at the first gradient
-    that takes it to its cap or past it. ``first_bytes`` caps the first bucket (1 MiB
-    when ``bucket_cap_mb`` is not passed)."""
-    buckets, current = [], 0
-    for size in reversed(grad_bytes):
-        current += size
-        cap = first_bytes if (first_bytes and not buckets) else cap_bytes
-        if current >= cap:
-            buckets.append(current)
-            current = 0
-    if current:
-        buckets.append(current)
-    return buckets
-
-
-# --- end buckets ---
 
 
 def bucket_ready(grad_bytes: list[int], done: list[float], buckets: list[int]):
@@ -183,23 +140,18 @@ def ddp_step(
     machine computes (this page's CPUs), so every bucket waits for backward's end."""
     backward = 2 * compute_s / 3
     if ready is None:  # bytes at a steady rate
-        ready = list(itertools.accumulate(buckets))
-        ready = [r / ready[-1] for r in ready]
-    comm_end, spans = 0.0, []  # spans: (ready, start, end), from backward's start
-    for nbytes, fraction in zip(buckets, ready):
-        at = backward * fraction if overlap else backward
-        start = max(comm_end, at)
-        comm_end = start + ring_all_reduce_s(nbytes, n, link)
-        spans.append((at, start, comm_end))
-    exposed = max(0.0, comm_end - backward)
-    step = compute_s + exposed
+        ready = steady_ready(buckets)
+    run = timeline(
+        backward, buckets, ready, lambda b: ring_all_reduce_s(b, n, link), overlap
+    )
+    step = compute_s + run["exposed"]
     return {
         "compute": compute_s,
-        "comm": sum(end - start for _, start, end in spans),
-        "exposed": exposed,
+        "comm": run["comm"],
+        "exposed": run["exposed"],
         "step": step,
         "efficiency": compute_s / step,
-        "spans": spans,
+        "spans": run["spans"],  # (ready, start, end), from backward's start
     }
 
 

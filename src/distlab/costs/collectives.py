@@ -1,5 +1,9 @@
-"""What an all-reduce of n bytes costs with each algorithm, in the alpha-beta model with
-NCCL's own latencies.
+"""What a collective of n bytes costs, in the alpha-beta model with NCCL's own
+latencies: the one place the book writes these formulas.
+
+    collective_s("all-reduce", nbytes, ranks, link)   the ring, for any collective
+    ring_bytes_sent("all-gather", nbytes, ranks)      what one rank sends on a ring
+    cross_node_busbw(nics, nic_bw, intra_busbw)       NCCL's channels, one per NIC
 
     ring_s(n, N, alpha, B)               2(N-1) alpha + 2(N-1)/N n/B
     halving_doubling_s(n, N, alpha, B)   2 log2(N) alpha + 2(N-1)/N n/B
@@ -19,6 +23,7 @@ measurements by NCCL's maintainer, each with its source.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 # NCCL's tuning model, src/graph/tuning.cc (baseLat, hwLat and ncclTopoGetAlgoTime),
 # read at a 2.2x release (the one with Blackwell rows). The page's earlier source,
@@ -42,8 +47,8 @@ NVLS_ALGBW = 275e9
 
 
 def ring_s(n: float, ranks: int, alpha: float, bandwidth: float) -> float:
-    """2(N-1) steps, each moving n/N bytes per rank."""
-    return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * n / bandwidth
+    """2(N-1) steps, each moving n/N bytes per rank: ``collective_s``'s all-reduce."""
+    return collective_s("all-reduce", n, ranks, Link("ring", alpha, bandwidth, ""))
 
 
 def halving_doubling_s(n: float, ranks: int, alpha: float, bandwidth: float) -> float:
@@ -95,7 +100,9 @@ def hierarchical_s(
     g, (a_in, b_in), (a_out, b_out) = per_node, intra, inter
     nics = nics_per_node or g
     # reduce-scatter or all-gather
-    half_in_node = base + (g - 1) * a_in + (g - 1) / g * n / b_in if g > 1 else 0.0
+    half_in_node = collective_s(
+        "reduce-scatter", n, g, Link("node", a_in, b_in, "", base)
+    )
     share = b_out * min(nics, g) / g  # each GPU's share of the node's network bandwidth
     across = base + ring_s(n / g, nodes, a_out, share) if nodes > 1 else 0.0
     return 2 * half_in_node + across
@@ -124,7 +131,7 @@ def algorithms_across_nodes(
     * bw`` in tuning.cc), here at most NVLink's. The ring's latency is NCCL's: 2(N-1)
     steps, 2(M-1) of them over the network, times the plateau factor."""
     ranks, g = nodes * per_node, per_node
-    busbw = min(NVLINK_BUSBW, g * nic_bandwidth)
+    busbw = cross_node_busbw(g, nic_bandwidth, NVLINK_BUSBW)
     net_steps = 2 * (nodes - 1)
     ring_latency = RING_PLATEAU * (
         BASE_SIMPLE + (2 * (ranks - 1) - net_steps) * RING_NVLINK + net_steps * NET_STEP
@@ -142,3 +149,78 @@ def algorithms_across_nodes(
             base=BASE_SIMPLE,
         ),
     }
+
+
+# --- begin link ---
+@dataclass(frozen=True)
+class Link:
+    """What one rank's collectives run over: a per-step latency, a bus bandwidth
+    (bytes/s) and a latency paid once per call."""
+
+    name: str
+    alpha: float  # seconds per ring step
+    busbw: float  # bytes per second each rank's link moves, the nccl-tests "busbw"
+    source: str  # where the numbers come from
+    base: float = 0.0  # seconds once per call (NCCL's baseLat)
+
+
+# --- end link ---
+
+
+# --- begin ring ---
+# bytes one rank sends per tensor byte on a ring of N ranks, and the ring's steps. S is
+# the whole tensor: an all-gather's output, a reduce-scatter's input. An all-reduce is a
+# reduce-scatter and an all-gather back to back; a broadcast's chain sends (N-1)/N S per
+# rank on average (the root and every rank but the last send S).
+RING_FACTOR = {
+    "all-gather": lambda n: (n - 1) / n,
+    "reduce-scatter": lambda n: (n - 1) / n,
+    "all-reduce": lambda n: 2 * (n - 1) / n,
+    "broadcast": lambda n: (n - 1) / n,
+}
+RING_STEPS = {
+    "all-gather": lambda n: n - 1,
+    "reduce-scatter": lambda n: n - 1,
+    "all-reduce": lambda n: 2 * (n - 1),
+    "broadcast": lambda n: n - 1,
+}
+
+
+def ring_bytes_sent(kind: str, nbytes: float, ranks: int) -> float:
+    """Bytes one rank sends for a ``kind`` collective of an ``nbytes`` tensor."""
+    return RING_FACTOR[kind](ranks) * nbytes
+
+
+def collective_s(kind: str, nbytes: float, ranks: int, link: Link) -> float:
+    """The ring's time: the link's per-call latency, alpha per step, and the bytes one
+    rank sends at the bus bandwidth. A group of one sends nothing."""
+    if ranks < 2:
+        return 0.0
+    return (
+        link.base
+        + RING_STEPS[kind](ranks) * link.alpha
+        + ring_bytes_sent(kind, nbytes, ranks) / link.busbw
+    )
+
+
+def ring_all_reduce_s(nbytes: float, ranks: int, link: Link) -> float:
+    """``collective_s`` for an all-reduce: the ring of book/collectives.md."""
+    return collective_s("all-reduce", nbytes, ranks, link)
+
+
+# --- end ring ---
+
+
+# --- begin channels ---
+def cross_node_busbw(
+    nics_per_node: int, nic_bandwidth: float, intra_busbw: float
+) -> float:
+    """The bus bandwidth of a collective whose ring spans nodes. NCCL runs a channel
+    (a ring, or a tree pair) through each NIC side by side and takes their sum: ``busBw
+    = nChannels * bw`` in tuning.cc. So a node with 8 NICs of 25 GB/s moves 200 GB/s per
+    GPU, not 25, unless the link inside the node is slower (nvidia/nccl#812: 8 x 200
+    Gb/s HDR, 192 GB/s all-reduce busbw measured on a DGX A100)."""
+    return min(nics_per_node * nic_bandwidth, intra_busbw)
+
+
+# --- end channels ---

@@ -8,9 +8,9 @@ costs against the message size.
 
 from __future__ import annotations
 
+from distlab.costs import collectives as nccl
 from distlab.infra.stepper import figure_html, stepper
 from distlab.model import GPTConfig
-from distlab.tools import allreduce_costs as nccl
 from distlab.tools.step_model import (
     GPU_LINKS,
     Link,

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from distlab.tools.collective_bytes import RING_FACTOR, Call
+from distlab.costs.collectives import ring_bytes_sent
+from distlab.tools.collective_bytes import Call
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "broadcast")
 COLOURS = {
@@ -36,7 +37,7 @@ def two_lines(name: str) -> str:
 
 def ring_bytes(call: Call) -> float:
     """What this rank sends for one call on a ring (``RING_FACTOR``)."""
-    return RING_FACTOR[call.kind](call.group_size) * call.tensor_bytes
+    return ring_bytes_sent(call.kind, call.tensor_bytes, call.group_size)
 
 
 def segments(record: dict) -> list[tuple[str, str, tuple, float]]:

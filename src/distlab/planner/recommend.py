@@ -11,14 +11,23 @@ and why the winner wins.
 
 A plan is a strategy, an activation-checkpointing mode and a micro-batch; the
 accumulation follows from the global batch (sequences per optimizer step, the same
-whatever the plan: it is a training choice, not a systems one). Hybrid sharding shards
-within a node and replicates across nodes.
+whatever the plan: it is a training choice, not a systems one). The strategies are the
+rows of ``distlab.costs.strategies``; hybrid sharding shards within a node and
+replicates across nodes.
 """
 
 from __future__ import annotations
 
-from distlab.tools.planner import AC_MODES, STRATEGIES, Cluster, Plan, predict
-from distlab.tools.shapes import ModelShape
+from distlab.costs.strategies import STRATEGIES as ROWS
+from distlab.planner.predict import (
+    AC_MODES,
+    FIT_FRACTION,
+    STRATEGIES,
+    Cluster,
+    Plan,
+    predict,
+)
+from distlab.planner.shapes import ModelShape
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -34,21 +43,19 @@ def candidate_plans(
         )
     plans = []
     for strategy in STRATEGIES:
-        if strategy == "hsdp" and cluster.gpus <= cluster.gpus_per_node:
+        by_group = ROWS[strategy].shards_over == "group"
+        if by_group and cluster.gpus <= cluster.gpus_per_node:
             continue  # one node: hybrid sharding is plain FSDP2
         for ac in AC_MODES:
             for micro in MICRO_BATCHES:
                 if (global_batch // cluster.gpus) % micro:
                     continue
                 accum = global_batch // (cluster.gpus * micro)
-                group = cluster.gpus_per_node if strategy == "hsdp" else None
+                group = cluster.gpus_per_node if by_group else None
                 # sharded gradients: reduce each micro-batch's (memory stays sharded) or
                 # only the last's
-                syncing = (
-                    (False, True)
-                    if strategy in ("fsdp2", "hsdp") and accum > 1
-                    else (False,)
-                )
+                sharded = ROWS[strategy].gathered is not None
+                syncing = (False, True) if sharded and accum > 1 else (False,)
                 for sync in syncing:
                     plans.append(
                         Plan(
@@ -71,15 +78,25 @@ def recommend(
     seq_len: int,
     global_batch: int,
     precision: str = "bf16",
+    efficiency: float | None = None,
+    memory_ratio: float = 1.0,
 ) -> list[tuple[Plan, dict]]:
-    """The plans that fit, fastest first. The planner counts no cost per kernel launch,
-    so plans it predicts equally fast (to 6 digits) are ordered larger micro-batch
-    first: fewer, larger kernels."""
+    """The plans that fit, fastest first: each predicted at ``efficiency`` (the
+    calibrated GEMM efficiency, ``distlab.planner.calibrate``), fitting when its memory
+    times ``memory_ratio`` (the calibration's published over predicted) is at most
+    FIT_FRACTION of the GPU's. The planner counts no cost per kernel launch, so plans
+    it predicts equally fast (to 6 digits) are ordered larger micro-batch first: fewer,
+    larger kernels."""
     predicted = [
-        (plan, predict(shape, cluster, plan))
+        (plan, predict(shape, cluster, plan, efficiency))
         for plan in candidate_plans(cluster, seq_len, global_batch, precision)
     ]
-    fitting = [(plan, p) for plan, p in predicted if p["memory"]["fits"]]
+    limit = FIT_FRACTION * cluster.device.memory_bytes
+    fitting = [
+        (plan, p)
+        for plan, p in predicted
+        if p["memory"]["total"] * memory_ratio <= limit
+    ]
     speed = lambda p: float(f"{p['tokens_per_s_per_gpu']:.6g}")  # noqa: E731
     return sorted(
         fitting,

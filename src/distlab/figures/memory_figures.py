@@ -19,8 +19,8 @@ from distlab.tools.memory_calculator import (
 )
 
 # the paper's stage -> the calculator's strategy
-STAGE_NAMES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-STAGE_LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+STAGE_NAMES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "fsdp2"}
+STAGE_LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp2": "ZeRO-3"}
 COLORS = {"params": "#3b6ea5", "grads": "#7fb0dd", "optimizer": "#e39b4c"}
 
 
@@ -223,7 +223,7 @@ def breakdown_figure(
         "gathered": "#7a9e5a",
     }
     colors["activations"] = "#e39b4c"
-    cases = [(s, False) for s in STAGE_NAMES.values()] + [("zero3", True)]
+    cases = [(s, False) for s in STAGE_NAMES.values()] + [("fsdp2", True)]
     estimates = {}
     fig, ax = plt.subplots(figsize=(6.4, 5.4))
     for row, (strategy, ac) in enumerate(cases):

@@ -29,12 +29,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from distlab.costs.collectives import Link, collective_s
 from distlab.infra.paths import RESULTS_DIR
 from distlab.model import preset
-from distlab.tools.planner import Cluster, Device, Plan, predict
-from distlab.tools.planner_comm import ring_seconds
-from distlab.tools.shapes import SHAPES, ModelShape
-from distlab.tools.step_model import Link
+from distlab.planner.predict import Cluster, Device, Plan, predict
+from distlab.planner.shapes import SHAPES, ModelShape
 
 INPUTS = RESULTS_DIR / "planner_cpu_inputs.json"
 RECORDED = RESULTS_DIR / "bench" / "cpu_shakespeare_fp32.json"
@@ -117,7 +116,7 @@ def cpu_cluster(
             m["all_reduce_bandwidth"],
             "collectives chapter's fit",
         )
-    # one rank sends nothing: ring_seconds is 0 for a group of 1, whatever the link
+    # one rank sends nothing: collective_s is 0 for a group of 1, whatever the link
     else:
         link = Link("none (one rank)", 0.0, float("inf"), "no communication")
     # overlap=False: gloo's transfers run on the same CPU cores as the compute, nothing
@@ -277,7 +276,7 @@ def collectives_check(inputs: dict) -> list[dict]:
         m, link = measured_at(inputs, n), cpu_cluster(inputs, n).intra
         for kind in ("all_gather", "reduce_scatter"):
             predicted, measured = (
-                ring_seconds(kind, 2**24, n, link),
+                collective_s(kind.replace("_", "-"), 2**24, n, link),
                 m[f"{kind}_16mb_s"],
             )
             rows.append(
@@ -333,7 +332,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# python -m distlab.tools.planner_check: both tables, from the recorded files
+# python -m distlab.planner.cpu_check: both tables, from the recorded files
 if __name__ == "__main__":
     import json
 

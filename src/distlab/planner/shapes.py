@@ -6,8 +6,8 @@ depend on.
     shape.n_params()
     # the book's 6N + 12*L*C*T
     shape.flops_per_token(8192)
-    # activation values one block keeps for backward
-    shape.saved_values_per_token()
+    # the block's matmul weights
+    shape.block_matmul_params()
 
 Two families: GPT-2 (the book's own model: LayerNorm, GELU MLP of width 4C, biases,
 learned positions, the head tied to the embedding) and Llama 3 (RMSNorm, SwiGLU MLP,
@@ -89,26 +89,6 @@ class ModelShape:
         attention's two matmuls with the causal mask's skipped half counted, as MFU
         reports count it."""
         return 6 * self.matmul_params() + 12 * self.n_layer * self.d_model * seq_len
-
-    # --- begin activations ---
-    def saved_values_per_token(self) -> int:
-        """Values one block saves for backward, per token: each norm's input and output
-        (the output is the next matmul's input), q, k and v (what the fused attention
-        kernel keeps), the attention output (the output projection's input), and the
-        MLP's inner tensors: GELU keeps its input and output (2F); SwiGLU keeps the
-        gate's input, its SiLU, the up projection and their product, the down
-        projection's input (4F). GPT-2: 16C."""
-        C, kv, F = self.d_model, self.kv_dim, self.ffn_hidden
-        return 2 * C + (C + 2 * kv) + C + 2 * C + (2 if self.gpt2 else 4) * F
-
-    def saved_small_bytes_per_token(self, value_bytes: int) -> int:
-        """The small tensors a block saves per token: each norm's statistics (LayerNorm:
-        mean and 1/std in the compute dtype on CPU, as ``distlab.memory`` counts;
-        RMSNorm: 1/rms in fp32) and attention's log-sum-exp, one fp32 value per head."""
-        stats = 2 * 2 * value_bytes if self.gpt2 else 2 * 4
-        return stats + 4 * self.n_head
-
-    # --- end activations ---
 
     # --- begin traffic ---
     def elementwise_values_per_token(self) -> dict[str, int]:

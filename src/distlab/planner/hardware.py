@@ -1,20 +1,31 @@
 """The GPUs and links the planner knows, each number with the public source it
 comes from.
 
-    from distlab.tools.hardware import GPUS, NETWORKS
+    from distlab.planner.hardware import GPUS, NETWORKS
     # FLOP/s a large bf16 GEMM reaches
     GPUS["a100-80gb"].bf16_peak * GPUS["a100-80gb"].matmul_efficiency
 
-Datasheet numbers (peak, memory, bandwidths) are what NVIDIA and the clouds publish. The
-two efficiencies are measurements someone else published and a reader can rerun: the
-matmul one is Stas Bekman's MAMF table (mamf-finder.py), the attention one comes from
-the FlashAttention papers. None of them is fitted to the published runs in
-``published_runs.py``.
+Datasheet numbers (peak, memory, bandwidths, NICs) are what NVIDIA and the clouds
+publish. The two efficiencies are measurements someone else published and a reader can
+rerun: the matmul one is Stas Bekman's MAMF table (mamf-finder.py), the best one large
+GEMM reaches alone; the attention one comes from the FlashAttention papers. Neither is
+fitted: what a whole training step achieves is calibrated on published runs apart
+(``distlab.planner.calibrate``), and the MAMF figure is used only where no run
+calibrates a GPU. The Grand Teton H100's peak is an upper bound (see its entry).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from distlab.costs.collectives import (
+    BASE_SIMPLE,
+    NCCL_TUNING,
+    NET_STEP,
+    RING_NVLINK,
+    RING_PLATEAU,
+    cross_node_busbw,
+)
 
 # --- sources (each read for this file; pinned where it is a repository) ---
 MAMF_TABLE = (
@@ -72,7 +83,6 @@ TT_PEAK_FLOPS = (
     "/torchtitan/utils.py : H100 NVL 835e12, PCIe 756e12, 'for H100 SXM and "
     "other variants' 989e12"
 )
-NCCL_TUNING = "https://github.com/NVIDIA/nccl/blob/01afd20a77b5804e0ecf1042509dd9d20ebf9e93/src/graph/tuning.cc"
 
 # The A100 attention figure: FA2's fig. 4(d) (fwd+bwd, causal, head dim 128, A100) gives
 # its values only as bar labels in an image, which no text copy of the paper carries, so
@@ -104,12 +114,18 @@ class GPU:
     # FlashAttention-2 fwd+bwd, causal, in FA2's causal-halved FLOP count
     attention_efficiency: float | None
     sources: dict[str, str] = field(default_factory=dict, compare=False)
+    # where the datasheet peak is only an upper bound: the lowest the peak may be
+    bf16_peak_floor: float | None = None
+    # GPUs of one kind compute alike (same chip, clocks and power): the calibration
+    # fits one GEMM efficiency per kind; None: the GPU's own name
+    kind: str | None = None
 
 
 GPUS: dict[str, GPU] = {
     "a100-80gb": GPU(
         name="a100-80gb",
         label="NVIDIA A100 SXM4 80GB",
+        kind="a100-sxm",
         bf16_peak=312e12,
         memory_bytes=80e9,
         hbm_bandwidth=2.039e12,
@@ -127,6 +143,29 @@ GPUS: dict[str, GPU] = {
             "nvlink_bandwidth": A100_SPECS,
             "matmul_efficiency": MAMF_TABLE
             + " : A100 SXM MAMF 271.2 TFLOPS of 312 (86.9%)",
+            "attention_efficiency": FA2_PAPER
+            + " ; 0.656 = derived upper bound, see FA2_A100_FWD_BWD_BOUND",
+        },
+    ),
+    "a100-40gb": GPU(
+        name="a100-40gb",
+        label="NVIDIA A100 SXM4 40GB",
+        kind="a100-sxm",  # the 80 GB part's compute: 'Its FLOPS were the same'
+        bf16_peak=312e12,
+        memory_bytes=40e9,  # '40 GB HBM2 (5 stacks)'
+        hbm_bandwidth=1.555e12,  # '1.555 TB/s'
+        nvlink_bandwidth=300e9,  # '300+300 GB/s NVLink'
+        # the MAMF row 'NVIDIA A100 SXM' names no memory size: the same figure as the
+        # 80 GB part's (the two compute alike: 'Its FLOPS were the same')
+        matmul_efficiency=271.2 / 312,
+        attention_efficiency=FA2_A100_FWD_BWD_BOUND,
+        sources={
+            "bf16_peak": A100_SPECS + " ('A100 40G SXM4'; 'Its FLOPS were the same')",
+            "memory_bytes": A100_SPECS + " ('40 GB HBM2 (5 stacks)')",
+            "hbm_bandwidth": A100_SPECS + " ('1.555 TB/s')",
+            "nvlink_bandwidth": A100_SPECS,
+            "matmul_efficiency": MAMF_TABLE
+            + " : A100 SXM MAMF 271.2 TFLOPS of 312 (the row names no memory size)",
             "attention_efficiency": FA2_PAPER
             + " ; 0.656 = derived upper bound, see FA2_A100_FWD_BWD_BOUND",
         },
@@ -165,6 +204,7 @@ GPUS: dict[str, GPU] = {
         # 989e12 for every H100 that is not NVL or PCIe, and its doc says the true peak
         # lies 'between SXM and NVL' (835e12): an upper bound.
         bf16_peak=989e12,
+        bf16_peak_floor=835e12,  # the H100 NVL's (TT_PEAK_FLOPS)
         memory_bytes=96e9,  # '96GB HBM2e' (GRAND_TETON)
         hbm_bandwidth=2.4e12,  # '2.4 TB/sec peak memory bandwidth' (GRAND_TETON)
         # 'fully connected with NVLink', no bandwidth stated: the H100 SXM's assumed
@@ -193,61 +233,52 @@ GPUS: dict[str, GPU] = {
 
 @dataclass(frozen=True)
 class Network:
-    """What one GPU's collectives run over: bandwidth per GPU one way, and a
-    per-step latency."""
+    """What a node's GPUs reach other nodes through: its NICs, each one way."""
 
     name: str
     label: str
-    bandwidth: float  # bytes/s per GPU, one direction
-    latency_s: float  # seconds per ring step: NCCL's Simple-protocol hwLat
+    nic_bandwidth: float  # bytes/s of one NIC, one direction (its line rate / 8)
+    nics_per_node: int  # of an 8-GPU node
     source: str
 
+    def busbw(self, intra_busbw: float) -> float:
+        """The bus bandwidth of a ring across nodes: a channel per NIC
+        (``costs.collectives.cross_node_busbw``)."""
+        return cross_node_busbw(self.nics_per_node, self.nic_bandwidth, intra_busbw)
 
-# NCCL's tuning model (hwLat, Simple protocol, the one large messages use): 3.4 us per
-# step over NVLink and 9.6 us over the network; step_model.py cites the same file.
-NVLINK_LAT, NET_LAT = 3.4e-6, 9.6e-6
+
+# Latencies are NCCL's tuning model (``distlab.costs.collectives``): per ring step over
+# NVLink, per step over the network with the multi-node plateau, and once per call.
+NVLINK_LAT = RING_NVLINK
+NET_LAT = RING_PLATEAU * NET_STEP
+CALL_LAT = BASE_SIMPLE
 NETWORKS: dict[str, Network] = {
-    "nvlink-a100": Network(
-        "nvlink-a100",
-        "NVLink 3 (A100 SXM)",
-        300e9,
-        NVLINK_LAT,
-        A100_SPECS + "; " + NCCL_TUNING,
-    ),
-    "nvlink-h100": Network(
-        "nvlink-h100",
-        "NVLink 4 (H100 SXM)",
-        450e9,
-        NVLINK_LAT,
-        H100_SPECS + "; " + NCCL_TUNING,
-    ),
-    # Line rates, one NIC per GPU assumed (the usual 8-NIC HGX node; a cluster with
-    # fewer NICs per GPU differs).
+    # HGX nodes: a NIC per GPU (the usual 8-NIC node; a cluster with fewer NICs differs)
     "ib-200g": Network(
         "ib-200g",
-        "HDR InfiniBand, 200 Gb/s per GPU",
+        "HDR InfiniBand, 8 x 200 Gb/s per node",
         200e9 / 8,
-        NET_LAT,
+        8,
         "ConnectX-6 HDR: '200 Gb/s Ethernet and InfiniBand', "
         "https://lenovopress.lenovo.com/lp1195 ; " + NCCL_TUNING,
     ),
     "ib-400g": Network(
         "ib-400g",
-        "NDR InfiniBand, 400 Gb/s per GPU",
+        "NDR InfiniBand, 8 x 400 Gb/s per node",
         400e9 / 8,
-        NET_LAT,
+        8,
         "'400 Gbps (NDR) InfiniBand doubles network performance compared to HDR', "
         "https://docs.nvidia.com/dgx-superpod/design-guide-cabling-data-centers/latest/ndr-overview.html"  # noqa: E501
         " ; " + NCCL_TUNING,
     ),
     # AWS p4d: '8 x 40 GB NVIDIA Tesla A100 GPUs with NVSwitch and 400 Gbps Elastic
-    # Fabric Adapter (EFA)' per instance, i.e. 50 Gb/s per GPU. (p4d carries 40 GB
-    # A100s; the 80 GB ones are p4de, not read here.)
+    # Fabric Adapter (EFA)' per instance: 4 x 100 Gb/s. (p4d carries 40 GB A100s; the
+    # 80 GB ones are p4de, not read here.)
     "efa-p4d": Network(
         "efa-p4d",
         "AWS p4d EFA, 400 Gb/s per 8-GPU instance",
-        400e9 / 8 / 8,
-        NET_LAT,
+        100e9 / 8,
+        4,
         "AWS Compute Blog 'Amazon EC2 P4d instances deep dive' "
         "(aws.amazon.com/blogs/compute/amazon-ec2-p4d-"
         "instances-deep-dive/, read via its syndicated copy "
@@ -255,12 +286,12 @@ NETWORKS: dict[str, Network] = {
         "instances-deep-dive/) ; " + NCCL_TUNING,
     ),
     # AWS p5: 'P5 and P5e support up to 32 network cards and can provide up to 3,200
-    # Gbps', 400 Gb/s per GPU.
+    # Gbps': 32 x 100 Gb/s
     "efa-p5": Network(
         "efa-p5",
         "AWS p5 EFA, 3200 Gb/s per 8-GPU instance",
-        3200e9 / 8 / 8,
-        NET_LAT,
+        100e9 / 8,
+        32,
         "AWS EC2 User Guide, 'Maximize network bandwidth on accelerated "
         "computing instances with EFA' "
         "(docs.aws.amazon.com/AWSEC2/latest/UserGuide/p5-efa.html; read in its "

@@ -1,13 +1,13 @@
 """torchtitan's H100 runs that use FSDP only: the published figures that state a memory
 per GPU.
 
-    from distlab.tools.published_runs_h100 import H100_RUNS
+    from distlab.planner.runs.torchtitan_h100 import RUNS
     [
         (run["name"], run["published"]["memory_bytes_per_gpu"] / 2**30)
-        for run in H100_RUNS
+        for run in RUNS
     ]
 
-Same schema as ``distlab.tools.published_runs.PUBLISHED_RUNS`` plus
+Same schema as ``distlab.planner.runs.torchtitan_a100.RUNS`` plus
 ``published["memory_kind"]``. Kept in its own module so that file stays under the house
 limit of 300 lines. Of the seven rows only two (eager, bf16) match what the planner
 models; the other five use torch.compile and/or Float8 and are recorded for completeness
@@ -16,7 +16,7 @@ models; the other five use torch.compile and/or Float8 and are recorded for comp
 
 from __future__ import annotations
 
-from distlab.tools.published_runs import TT, TT_DEFAULTS, _llama3
+from distlab.planner.runs.torchtitan_a100 import TT, TT_DEFAULTS, _llama3
 
 # The newest docs/performance.md: every H100 table. It names the code it measured: torch
 # 1963fc8 (2024/12/23), torchao eab345c, torchtitan 9dec370 (2024/12/26). No file of
@@ -136,7 +136,7 @@ def _tt_h100(
         "gpu": "h100-96gb-500w",
         "gpus": gpus,
         "gpus_per_node": 8,  # 'Each host has 8 NVIDIA H100 GPUs'
-        "network": "ib-400g" if gpus > 8 else "nvlink-h100",
+        "network": "ib-400g" if gpus > 8 else None,
         "network_note": GRAND_TETON_NOTE
         + ("" if gpus > 8 else "; one host here, so all traffic is NVLink"),
         "plan": {
@@ -178,7 +178,7 @@ T3 = (
     "Selective activation checkpointing.'"
 )
 SEL = {"mode": "selective-op", "policy": SELECTIVE_OP_H100}
-H100_RUNS = [
+RUNS = [
     _tt_h100(
         "torchtitan-h100-8b-fsdp-8gpu",
         T1,
@@ -285,4 +285,3 @@ H100_RUNS = [
         "derived). ",
     ),
 ]
-H100_RUNS_BY_NAME = {run["name"]: run for run in H100_RUNS}
