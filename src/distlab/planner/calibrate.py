@@ -164,7 +164,8 @@ def calibration(gpu: str, exclude=None) -> dict:
     return {
         "efficiency": spread([implied_efficiency(r) for r in runs]),
         "calibrated_on": [r["name"] for r in runs],
-        "memory_ratio": spread(ratios),
+        # None where no other run reports memory
+        "memory_ratio": spread(ratios) if ratios else None,
         "memory_runs": len(ratios),
     }
 
@@ -198,7 +199,9 @@ def predict_range(
     return {
         **c,
         "tokens_per_s_per_gpu": tps,
-        "memory": tuple(mem * x for x in c["memory_ratio"]),
+        "memory": tuple(mem * x for x in c["memory_ratio"])
+        if c["memory_ratio"]
+        else None,
     }
 
 
@@ -236,12 +239,13 @@ def leave_one_out(by: str = "run") -> list[dict]:
         except ValueError as e:
             row["why_not"] = row["why_not"] or str(e)
             r = None
-        if r is not None:
+        if r is not None and r["memory"] is not None:
             lo, mid, hi = r["memory"]
             row.update(memory=r["memory"])
             if row["published_memory"]:
                 row["memory_error"] = mid / row["published_memory"] - 1
                 row["memory_inside"] = lo <= row["published_memory"] <= hi
+        if r is not None:
             if modelled(run) is None:
                 lo, mid, hi = r["tokens_per_s_per_gpu"]
                 row.update(

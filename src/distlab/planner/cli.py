@@ -7,6 +7,7 @@ plans ranked.
     python -m distlab.planner --model llama3-70b --gpu h100-sxm --gpus 128 \\
         --network ib-400g --seq-len 8192 --recommend --global-batch 256
     python -m distlab.planner --validate    # every published run, left out in turn
+    python -m distlab.planner --validate --by source   # its whole source left out
 
 tokens/s and memory print as ranges: the planner at the GEMM efficiencies the published
 runs of that GPU kind imply, and its memory times what the runs that report memory
@@ -75,14 +76,19 @@ def report(p: dict) -> str:
 
 def range_report(r: dict) -> str:
     """The calibrated ranges as lines."""
-    (tlo, tmid, thi), (mlo, mmid, mhi) = r["tokens_per_s_per_gpu"], r["memory"]
+    (tlo, tmid, thi) = r["tokens_per_s_per_gpu"]
     elo, _, ehi = r["efficiency"]
-    qlo, _, qhi = r["memory_ratio"]
     n = len(r["calibrated_on"])
+    lines = [
+        f"tokens/s per GPU {tlo:,.0f} to {thi:,.0f} (middle {tmid:,.0f}): GEMMs at",
+        f"  {elo:.0%} to {ehi:.0%} of the peak, as {n} published runs imply",
+    ]
+    if r["memory"] is None:
+        return "\n".join(lines + ["memory: no published run reports it to calibrate"])
+    (mlo, mmid, mhi), (qlo, _, qhi) = r["memory"], r["memory_ratio"]
     return "\n".join(
-        [
-            f"tokens/s per GPU {tlo:,.0f} to {thi:,.0f} (middle {tmid:,.0f}): GEMMs at",
-            f"  {elo:.0%} to {ehi:.0%} of the peak, as {n} published runs imply",
+        lines
+        + [
             f"memory per GPU {mlo / GiB:.1f} to {mhi / GiB:.1f} GiB (middle "
             f"{mmid / GiB:.1f}): the",
             f"  prediction x {qlo:.2f} to {qhi:.2f}, published over predicted of the",
@@ -92,10 +98,11 @@ def range_report(r: dict) -> str:
 
 
 def validation_table(rows: list[dict]) -> str:
-    """Leave-one-out: each run predicted from the others."""
+    """Leave-one-out: each run predicted from the others, with the GEMM efficiency it
+    implies itself and its memory against the published."""
     lines = [
-        f"{'run':44} {'published':>9} {'predicted (low-high)':>22} {'error':>6} "
-        f"{'memory':>7}"
+        f"{'run':44} {'published':>9} {'predicted (low-high)':>24} {'error':>6} "
+        f"{'implied':>7} {'memory':>7}"
     ]
     for r in rows:
         if "predicted" in r:
@@ -103,12 +110,18 @@ def validation_table(rows: list[dict]) -> str:
             pred = f"{mid:,.0f} ({lo:,.0f}-{hi:,.0f})"
             err = f"{r['error']:+.0%}" + ("" if r["inside"] else "*")
         else:
-            pred, err = r["why_not"][:22], ""
+            pred, err = r["why_not"][:24], ""
+        eff = f"{r['implied_efficiency']:.3f}" if "implied_efficiency" in r else ""
         mem = f"{r['memory_error']:+.0%}" if "memory_error" in r else ""
         lines.append(
-            f"{r['run'][:44]:44} {r['published']:>9,.0f} {pred:>22} {err:>6} {mem:>7}"
+            f"{r['run'][:44]:44} {r['published']:>9,.0f} {pred:>24} {err:>6} "
+            f"{eff:>7} {mem:>7}"
         )
-    lines.append("error: the middle against the published; * outside the range")
+    lines += [
+        "error: the middle against the published, * outside the range; implied: the",
+        "GEMM efficiency (of the bf16 peak) at which the planner gives the run's own",
+        "tokens/s; memory: the middle of the memory range against the published",
+    ]
     return "\n".join(lines)
 
 
@@ -143,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         help="predict every published run from the others and print the table",
     )
     parser.add_argument(
+        "--by",
+        choices=("run", "source"),
+        default="run",
+        help="--validate: leave out one run at a time, or its whole source",
+    )
+    parser.add_argument(
         "--strategy", default="fsdp2", help=f"one of {', '.join(STRATEGIES)}"
     )
     parser.add_argument(
@@ -173,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.validate:
-        print(validation_table(leave_one_out()))
+        print(validation_table(leave_one_out(args.by)))
         return 0
     missing = [f"--{a}" for a in ("model", "gpu", "gpus") if getattr(args, a) is None]
     if missing:
