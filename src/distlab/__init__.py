@@ -37,8 +37,9 @@ Around it, one subpackage per role:
     costs/      the cost model, pure arithmetic and nothing else: collectives on a
                 ring (and tree, halving-doubling, in-network, hierarchical) with
                 NCCL's latencies and a channel per NIC across nodes, DDP's buckets,
-                bytes of model state, a Llama block's activations, the strategies as
-                data rows; every other role reads its formulas from here
+                bytes of model state, a GPT-2 and a Llama block's activations,
+                training FLOPs per token, the strategies as data rows; every other
+                role reads its formulas from here
     planner/    the capstone planner (``python -m distlab.planner``): model shapes,
                 GPUs and networks with their sources, the inputs and their checks,
                 predict (memory and step time), the communication timeline, the

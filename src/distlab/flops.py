@@ -35,6 +35,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from distlab.costs.flops import training_flops_per_token
 from distlab.model import GPTConfig
 from distlab.runtime import tf32_enabled
 
@@ -71,16 +72,11 @@ def matmul_parameters(cfg: GPTConfig) -> int:
 
 
 def flops_per_token(cfg: GPTConfig, seq_len: int | None = None) -> int:
-    """Training FLOPs per token: 6N for the weights plus 12*L*C*T for attention.
-
-    Each weight does one multiply-add (2 FLOPs) per token forward and two backward (the
-    gradient with respect to input and weight): 6N. Attention scores QK^T and the
-    weighted sum AV cost 2*T*C each per token per layer forward, 3x that with backward:
-    12*L*C*T. Embedding lookups, LayerNorm, GELU and softmax are left out (small), and
-    the causal mask's skipped half is counted, as in the PaLM paper's appendix B.
-    """
+    """Training FLOPs per token: 6N for the weights plus 12*L*C*T for attention
+    (``distlab.costs.flops``). Embedding lookups, LayerNorm, GELU and softmax are left
+    out (small)."""
     T = seq_len or cfg.block_size
-    return 6 * matmul_parameters(cfg) + 12 * cfg.n_layer * cfg.n_embd * T
+    return training_flops_per_token(matmul_parameters(cfg), cfg.n_layer, cfg.n_embd, T)
 
 
 def device_name(device: torch.device) -> str:

@@ -19,7 +19,6 @@ from distlab.chapters.planner import (
     before_and_after,
     busbw_rows,
     cpu_rows,
-    headline,
     implied_rows,
     memory_rows,
     recommendation,
@@ -137,12 +136,6 @@ def test_the_timeline_waits_are_the_exposed_communication():
     assert {f"reduce {i}" for i in range(L)} | {"reduce root"} <= set(labels)
     waited = sum(e - s for s, e in t["waits"])
     assert waited == pytest.approx(t["exposed"], rel=1e-9) and waited > 0
-
-
-def test_the_key_run_is_predicted_inside_its_range_without_being_calibrated_on():
-    h = headline()
-    assert KEY_RUN not in h["calibrated_on"] and len(h["calibrated_on"]) >= 2
-    assert h["inside"] and h["memory_inside"]
 
 
 def test_leave_one_out_meets_the_issues_targets():

@@ -4,10 +4,10 @@ fitted to.
     rows = leave_one_out()            # every run predicted from the others
     predict_range(shape, cluster, plan, exclude="torchtitan-h100-8b-fsdp-8gpu")
 
-The planner knows FLOPs, bytes and links. It cannot know how fast eager PyTorch's GEMMs
-really run on a GPU inside a whole training step (launch gaps, FSDP2's hooks, power
-caps, the shapes of the day): that is one number per GPU kind, the achieved GEMM
-efficiency. For each published run we solve for the efficiency that makes the planner
+The planner knows FLOPs, bytes and links. It cannot know how fast PyTorch's GEMMs
+really run on a GPU inside a whole training step, eager or compiled (launch gaps,
+FSDP2's hooks, power caps, the shapes of the day): that is one number per GPU kind
+(``hardware.GPU.kind``), the achieved GEMM efficiency. For each published run we solve for the efficiency that makes the planner
 give the run's own tokens/s (``implied_efficiency``); a run is then predicted with the
 efficiencies implied by the *other* runs of its GPU kind, as a range from the lowest to
 the highest, around their median. Memory has one unknown too, what the allocator

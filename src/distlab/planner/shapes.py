@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from distlab.costs.flops import training_flops_per_token
 from distlab.model import GPTConfig, preset
 
 
@@ -88,7 +89,9 @@ class ModelShape:
         """The book's count (``distlab.flops``): 6 per matmul weight, plus 12*L*C*T for
         attention's two matmuls with the causal mask's skipped half counted, as MFU
         reports count it."""
-        return 6 * self.matmul_params() + 12 * self.n_layer * self.d_model * seq_len
+        return training_flops_per_token(
+            self.matmul_params(), self.n_layer, self.d_model, seq_len
+        )
 
     # --- begin traffic ---
     def elementwise_values_per_token(self) -> dict[str, int]:
