@@ -208,6 +208,24 @@ def test_the_reported_failure_is_the_root_cause_not_the_peer_that_lost_its_conne
     )
 
 
+def fails_late_or_loses_its_peer():
+    """Rank 1 fails with its own error a second in; rank 0 at once with a closed
+    socket, as when its peer is still exiting."""
+    if dist.get_rank() == 1:
+        time.sleep(1.0)
+        raise RuntimeError("rank 1's own error")
+    raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:5011")
+
+
+def test_a_rank_that_lost_its_peer_waits_so_the_peers_own_failure_is_named():
+    """Elastic records only the ranks that have exited when it sees the first
+    failure: without the wait, rank 0's lost peer is named and rank 1 is killed
+    unrecorded (the collectives page, under load)."""
+    with pytest.raises(RankFailed) as failed:
+        run_ranks(fails_late_or_loses_its_peer, nprocs=2, quiet=True, timeout=120)
+    assert failed.value.rank == 1 and "rank 1's own error" in str(failed.value)
+
+
 def test_a_failed_gloo_connect_is_not_echoed_into_the_callers_output(tmp_path, capsys):
     # the launch is repeated; a page must not show a 300-column line of the attempt
     log = tmp_path / "output.log"

@@ -7,12 +7,13 @@ fitted to.
 The planner knows FLOPs, bytes and links. It cannot know how fast PyTorch's GEMMs
 really run on a GPU inside a whole training step, eager or compiled (launch gaps,
 FSDP2's hooks, power caps, the shapes of the day): that is one number per GPU kind
-(``hardware.GPU.kind``), the achieved GEMM efficiency. For each published run we solve for the efficiency that makes the planner
-give the run's own tokens/s (``implied_efficiency``); a run is then predicted with the
-efficiencies implied by the *other* runs of its GPU kind, as a range from the lowest to
-the highest, around their median. Memory has one unknown too, what the allocator
-reserves beyond what is live and what the model does not count: the published-over-
-predicted ratio of the other runs that report memory, as a range the same way.
+(``hardware.GPU.kind``), the achieved GEMM efficiency. For each published run we solve
+for the efficiency that makes the planner give the run's own tokens/s
+(``implied_efficiency``); a run is then predicted with the efficiencies implied by the
+*other* runs of its GPU kind, as a range from the lowest to the highest, around their
+median. Memory has one unknown too, what the allocator reserves beyond what is live and
+what the model does not count: the published-over-predicted ratio of the other runs
+that report memory, as a range the same way.
 """
 
 from __future__ import annotations
