@@ -142,7 +142,9 @@ def check_processes(accelerator) -> None:
             "passes it for --device cpu)"
         )
     want = backend_for(accelerator.device)
-    if launched > 1 and accelerator.state.backend != want:
+    # a backend string may name one per device ("cuda:nccl,cpu:gloo": Accelerate's
+    # when FSDP offloads or saves a full state dict)
+    if launched > 1 and want not in str(accelerator.state.backend):
         raise UserError(
             f"Accelerate chose the {accelerator.state.backend} backend; "
             f"{accelerator.device} needs {want}"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from distlab.checkpoint.folders import save_due
 from distlab.errors import UserError
 from distlab.runtime import synchronize
 
@@ -50,8 +51,10 @@ class LogWindow:
 
     Log points: every ``log_every``-th step, each of the first ``warmup`` steps of a
     start (allocation and compilation: they are timed alone and left out of
-    ``tokens_per_s``), the steps that evaluate and the last step. With ``log_every`` 1
-    every step is one.
+    ``tokens_per_s``), the steps that evaluate, the steps after which a checkpoint is
+    saved (``checkpoint_every``: the save runs after the window has closed, so its
+    seconds are in no window) and the last step. With ``log_every`` 1 every step is
+    one.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class LogWindow:
         start_step: int,
         steps: int,
         log_every: int,
+        checkpoint_every: int = 0,
     ):
         if log_every < 1:
             raise UserError(f"--log-every must be 1 or more, got {log_every}")
@@ -70,6 +74,7 @@ class LogWindow:
             log_every,
         )
         self.start_step, self.steps, self.warmup = start_step, steps, 2
+        self.checkpoint_every = checkpoint_every
         # the first step of the open window; None: none is open
         self.first: int | None = None
         self.started = 0.0
@@ -83,9 +88,25 @@ class LogWindow:
             synchronize(self.device)
             self.first, self.started = step, time.perf_counter()
 
+    @classmethod
+    def for_run(
+        cls, cfg, device: torch.device, tokens_per_step: int, start_step: int
+    ) -> LogWindow:
+        """The window of a lab's run: its ``steps``, ``log_every`` and
+        ``checkpoint_every`` read from the lab's config."""
+        return cls(
+            device,
+            tokens_per_step,
+            start_step,
+            cfg.steps,
+            cfg.log_every,
+            cfg.checkpoint_every,
+        )
+
     def is_log_point(self, step: int, evaluating: bool = False) -> bool:
         return (
             evaluating
+            or save_due(step, self.checkpoint_every)
             or step == self.steps - 1
             or step < self.start_step + self.warmup
             or (step + 1) % self.log_every == 0

@@ -187,6 +187,14 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def group_backend(device: torch.device) -> str:
+    """The process group's backends: on GPUs NCCL for CUDA tensors and gloo for CPU
+    ones, so a collective on a CPU tensor (the gradient norm of FSDP2 with
+    ``CPUOffloadPolicy``, whose gradients live on the CPU) has a backend, as
+    Accelerate's group does when FSDP offloads; gloo alone on CPU ranks."""
+    return "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
+
+
 def autocast(device: torch.device, dtype: str):
     """bf16 autocast for the forward pass, or nothing for fp32."""
     if dtype == "fp32":
@@ -196,7 +204,15 @@ def autocast(device: torch.device, dtype: str):
 
 def dist_env() -> tuple[int, int, int]:
     """(rank, local_rank, world_size) as torchrun sets them; (0, 0, 1)
-    without torchrun."""
+    without torchrun. Several SLURM tasks without torchrun (``srun -n8 python lab2...``)
+    are refused: each would train alone, and all would write the same ``--out``."""
+    tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", 1))
+    if tasks > 1 and "RANK" not in os.environ:
+        raise UserError(
+            f"srun started {tasks} tasks of this script without torchrun: each would "
+            "train alone and all would write the same --out. Run one torchrun per "
+            "node under srun (src/slurm/lab2_multinode.sbatch)"
+        )
     return (
         int(os.environ.get("RANK", 0)),
         int(os.environ.get("LOCAL_RANK", 0)),
@@ -234,7 +250,7 @@ def init_distributed(device: torch.device, timeout_s: float = 120.0) -> None:
             "world_size": world_size,
         }
     dist.init_process_group(
-        backend_for(device),
+        group_backend(device),
         timeout=timedelta(seconds=timeout_s),
         device_id=device if device.type == "cuda" else None,
         **options,

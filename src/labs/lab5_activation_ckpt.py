@@ -250,7 +250,7 @@ def main() -> None:
     log = RunLog(cfg.out, enabled=is_main)
     tokens_per_step = cfg.batch_size * T
     # steps between logs
-    window = LogWindow(device, tokens_per_step, start_step, cfg.steps, cfg.log_every)
+    window = LogWindow.for_run(cfg, device, tokens_per_step, start_step)
     train_loss = val_loss = float("nan")  # stay nan if no step runs (--steps 0)
     # bytes of parameters, gradients and optimizer state, after the first step
     state = {}

@@ -248,21 +248,25 @@ def test_model_pt_holds_plain_keys_and_cpu_tensors(tiny_run):
 
 def test_log_every_3_logs_the_same_losses_at_fewer_steps(tiny_run, tmp_path):
     """Between log points the loss stays on the device; a logged step's loss is that
-    step's, as with --log-every 1 (the same bits: nothing else changes in the run)."""
+    step's, as with --log-every 1 (the same bits: nothing else changes in the run). A
+    step after which a checkpoint is saved is a log point too, so the save runs
+    outside every timed window."""
     out, _ = tiny_run
     proc = run_lab(
         "lab1_single.py",
         *json.loads(BASELINE.read_text())["args"],
         "--log-every",
         "3",
+        "--checkpoint-every",
+        "4",
         "--out",
         tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     every_step = {m["step"]: m for m in read_metrics(out)}
     logged = read_metrics(tmp_path)
-    # warm-up, every 3rd, the last
-    assert [m["step"] for m in logged] == [0, 1, 2, 5, 8, 11, 14, 17, 19]
+    # warm-up, every 3rd, each step before a save (4th), the last
+    assert [m["step"] for m in logged] == [0, 1, 2, 3, 5, 7, 8, 11, 14, 15, 17, 19]
     assert [m["loss"] for m in logged] == [
         every_step[m["step"]]["loss"] for m in logged
     ]

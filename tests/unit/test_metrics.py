@@ -75,3 +75,33 @@ def test_a_loss_that_is_not_finite_stops_the_run_at_the_log_point():
 def test_log_every_below_1_is_refused():
     with pytest.raises(UserError, match="--log-every must be 1 or more"):
         LogWindow(CPU, 1, 0, 10, 0)
+
+
+def test_a_checkpoint_step_is_a_log_point_so_the_save_is_in_no_window():
+    window = LogWindow(CPU, 1, 0, 20, log_every=6, checkpoint_every=4)
+    points = [s for s in range(20) if window.is_log_point(s)]
+    # warm-up, every 6th, every 4th (a save follows it), the last
+    assert points == [0, 1, 3, 5, 7, 11, 15, 17, 19]
+
+
+def timed_run(monkeypatch, checkpoint_every: int, save_s: float = 50.0) -> float:
+    """tokens/s of 12 one-second steps, --log-every 6, a ``save_s``-second save after
+    every 4th step, as a lab runs them: open, step, close at a log point, save."""
+    now = [0.0]
+    monkeypatch.setattr("distlab.metrics.time.perf_counter", lambda: now[0])
+    window = LogWindow(CPU, 100, 0, 12, 6, checkpoint_every)
+    for step in range(12):
+        window.open(step)
+        now[0] += 1.0  # the step
+        if window.is_log_point(step):
+            window.close(step, loss=1.0)
+        if (step + 1) % 4 == 0:
+            now[0] += save_s  # the checkpoint
+    return window.tokens_per_s
+
+
+def test_the_saves_seconds_stay_out_of_tokens_per_s(monkeypatch):
+    assert timed_run(monkeypatch, checkpoint_every=4) == 100.0  # one step a second
+    # a window that does not know the saves times them (review gpu.md #1: halved)
+    assert timed_run(monkeypatch, checkpoint_every=0) < 50.0
+    assert timed_run(monkeypatch, checkpoint_every=4, save_s=0.0) == 100.0
