@@ -37,9 +37,11 @@ from support.labs import BASELINE
 
 FP32_RTOL, BF16_RTOL = 1e-4, 5e-3
 RTOL = {"fp32": FP32_RTOL, "bf16": BF16_RTOL}
-# inside lab 1's 20 warm-up steps: the LR schedule, so the losses, do not depend
-# on --steps
-STEPS = 10
+# lab 1's 20 warm-up steps, then 10 past them: every run of a comparison uses the same
+# --steps (past the warm-up the schedule depends on it), and the steps past it are
+# where the gradient norms are compared (support.compare: a gradient N times too large
+# hides in the losses)
+WARMUP, STEPS = 20, 30
 GLOBAL_BATCH = 16  # the baseline's
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 # "every GPU of the machine": all of them, or the most that split the global
@@ -82,6 +84,14 @@ def lab_losses(
     """Run ``src/labs/<lab>.py`` on ``nprocs`` ranks of ``device`` (one GPU each on
     CUDA) and return its losses, step by step. A rank that fails raises ``RankFailed``
     with its error."""
+    records = lab_records(lab, out, nprocs, *extra, device=device, steps=steps)
+    return [m["loss"] for m in records]
+
+
+def lab_records(
+    lab: str, out: Path, nprocs: int, *extra, device: str = "cuda", steps: int = STEPS
+) -> list[dict]:
+    """``lab_losses``'s run, and its records (step, loss, grad_norm, ...)."""
     args = [*lab_args(steps), "--device", device, "--out", out, *extra]
     if lab not in ("lab1_single", "lab2_ddp"):
         args += ["--micro-batch-size", micro_batch(nprocs)]
@@ -93,4 +103,4 @@ def lab_losses(
         timeout=600,
         quiet=True,
     )
-    return [m["loss"] for m in read_metrics(out)]
+    return read_metrics(out)
