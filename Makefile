@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book book-fresh test test-under-load test-gpu lint browser vendor lock clean
+.PHONY: book book-fresh test test-under-load test-gpu gpu-check lint browser vendor lock clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,11 +63,26 @@ test-under-load: $(STAMP) browser
 	  $(MAKE) --no-print-directory test || exit 1; \
 	done
 
+# Where GPUs are. These two run with this venv's python when `make test` made one, else with
+# the machine's own python3 and its preinstalled CUDA torch (a GPU machine often reaches no
+# package registry): they install nothing. `make test-gpu GPU_PY=/path/to/python` picks
+# another. distlab.bench.gpu_check --environment prints torch's and accelerate's versions
+# against the pins first; a skew is reported, not refused.
+GPU_PY  ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+GPU_RUN := PYTHONPATH="$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PY)
+
 # The opt-in GPU suite (tests/gpu/): labs 1-6 on CUDA/NCCL against lab 1, a GPU checkpoint resumed
 # elsewhere, lab 6's FSDP2 policy, the ring on NCCL. `make test` deselects it (pyproject addopts);
 # without CUDA every test is skipped with its reason.
-test-gpu: $(STAMP)
-	$(BIN)/python -m pytest -m gpu -v tests/gpu
+test-gpu:
+	@$(GPU_RUN) -m distlab.bench.gpu_check --environment
+	$(GPU_RUN) -m pytest -m gpu -v -rs -p no:cacheprovider tests/gpu
+
+# The GPU check, once per GPU machine (about 10 minutes on one H100): the environment, the
+# GPU suite, lab 1 on gpt2 in bf16 eager and compiled, lab 4 on one GPU, a profile of one lab 4
+# step; into results/gpu_check/<gpu>_<date>/ with provenance (distlab/bench/gpu_check.py).
+gpu-check:
+	$(GPU_RUN) -m distlab.bench.gpu_check
 
 # The browser tests drive Debian's Chromium through playwright (never a browser that playwright
 # downloads). Installed here when missing, with apt-get; elsewhere pass your own build:

@@ -132,6 +132,17 @@ def _stream_seed(seed: int, split: str, step: int) -> int:
     return int.from_bytes(digest, "little") >> 1  # manual_seed takes 63 bits
 
 
+def to_device(rows: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``rows`` on ``device``; to a GPU from pinned (page-locked) memory, so that the
+    copy is queued and the host goes on queueing the step. From pageable memory an
+    async copy "might be synchronous with respect to host": the driver may wait for
+    the stream's queued kernels to stage it (CUDA runtime API, "API synchronization
+    behavior"), which would undo the host's lead that --log-every gives."""
+    if torch.device(device).type == "cuda":
+        rows = rows.pin_memory()
+    return rows.to(device, non_blocking=True)
+
+
 class TokenData:
     """The encoded corpus, split 90/10 into train and validation, cut into windows.
 
@@ -197,9 +208,7 @@ class TokenData:
         rows = slice(
             rank * global_batch // world_size, (rank + 1) * global_batch // world_size
         )
-        return x[rows].to(device, non_blocking=True), y[rows].to(
-            device, non_blocking=True
-        )
+        return to_device(x[rows], device), to_device(y[rows], device)
         # --- end rank rows ---
 
 

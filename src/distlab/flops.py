@@ -224,10 +224,18 @@ def datasheet_peak(
     precision = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype)
     if precision == "fp32" and tf32_enabled():
         precision = "tf32"
-    name = torch.cuda.get_device_name(device)
+    entry = datasheet_entry(torch.cuda.get_device_name(device))
+    if entry is None or precision not in entry[1]:
+        return None
+    return f"{entry[0]} {precision}", entry[1][precision]
+
+
+def datasheet_entry(gpu_name: str) -> tuple[str, dict[str, float]] | None:
+    """The ``DATASHEET_PEAKS`` row of a GPU by the name CUDA reports ("NVIDIA H100 80GB
+    HBM3"): its datasheet name and its dense peaks by precision; None if not listed."""
     for pattern, gpu, peaks in DATASHEET_PEAKS:
-        if re.search(pattern, name) and precision in peaks:
-            return f"{gpu} {precision}", peaks[precision]
+        if re.search(pattern, gpu_name):
+            return gpu, peaks
     return None
 
 

@@ -156,6 +156,17 @@ def apply_ddp(model: nn.Module, device: torch.device, **ddp_kwargs) -> DDP:
     return DDP(model, device_ids=device_ids, **ddp_kwargs)
 
 
+# The torch.distributed call FSDP2 reduce-scatters the gradients with, for a test or an
+# exercise that counts them: reduce_scatter_single from torch 2.13, where
+# reduce_scatter_tensor became its deprecated alias (distributed_c10d.py); only
+# reduce_scatter_tensor before (a GPU machine's preinstalled torch may be older).
+FSDP_REDUCE_SCATTER = (
+    "reduce_scatter_single"
+    if hasattr(torch.distributed, "reduce_scatter_single")
+    else "reduce_scatter_tensor"
+)
+
+
 def apply_fsdp(
     model: nn.Module,
     mesh=None,

@@ -68,8 +68,8 @@ class TrainConfig:
     --help text.
 
     Suggested for a GPU benchmark (not measured here): --device cuda --preset gpt2
-    --dtype bf16 --compile --log-every 10, --batch-size 16 per GPU (the global batch: 16
-    x the ranks; labs 3-6: --micro-batch-size 16 too).
+    --dtype bf16 --compile --log-every 10, 32 to 64 sequences per GPU (--batch-size:
+    that x the ranks; labs 3-6: the same --micro-batch-size, one forward per step).
     """
 
     # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2

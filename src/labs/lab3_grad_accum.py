@@ -8,7 +8,7 @@ Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces 
     torchrun --standalone --nproc-per-node=2 src/labs/lab3_grad_accum.py \
         --preset tiny --micro-batch-size 4
     torchrun --standalone --nproc-per-node=8 src/labs/lab3_grad_accum.py \
-        --preset shakespeare --batch-size 512 --micro-batch-size 16 --dtype bf16
+        --preset gpt2 --batch-size 512 --micro-batch-size 32 --dtype bf16
     # two nodes: run this same line on each (c10d numbers the nodes), HOST reachable
     # from both
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
@@ -70,8 +70,8 @@ class TrainConfig:
     --help text.
 
     Suggested for a GPU benchmark (not measured here): --device cuda --preset gpt2
-    --dtype bf16 --compile --log-every 10, --batch-size 16 per GPU (the global batch: 16
-    x the ranks; labs 3-6: --micro-batch-size 16 too).
+    --dtype bf16 --compile --log-every 10, 32 to 64 sequences per GPU (--batch-size:
+    that x the ranks; labs 3-6: the same --micro-batch-size, one forward per step).
     """
 
     # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2

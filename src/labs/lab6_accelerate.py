@@ -13,7 +13,7 @@ Launch (GPU ranks talk over NCCL, CPU ranks over gloo; --device cpu|cuda forces 
     accelerate launch --multi_gpu --num_processes 2 src/labs/lab6_accelerate.py \
         --preset tiny
     torchrun --standalone --nproc-per-node=8 src/labs/lab6_accelerate.py \
-        --preset shakespeare --batch-size 512 --micro-batch-size 64 --dtype bf16 \
+        --preset gpt2 --batch-size 512 --micro-batch-size 64 --dtype bf16 \
         --fsdp --ac selective
     # no launcher: one process (accelerate launch --cpu also starts just one)
     python src/labs/lab6_accelerate.py --preset tiny --micro-batch-size 4
@@ -69,8 +69,8 @@ class TrainConfig:
     --help text.
 
     Suggested for a GPU benchmark (not measured here): --device cuda --preset gpt2
-    --dtype bf16 --compile --log-every 10, --batch-size 16 per GPU (the global batch: 16
-    x the ranks; labs 3-6: --micro-batch-size 16 too).
+    --dtype bf16 --compile --log-every 10, 32 to 64 sequences per GPU (--batch-size:
+    that x the ranks; labs 3-6: the same --micro-batch-size, one forward per step).
     """
 
     # model size: tiny (seconds on a CPU), shakespeare (10.77M params) or gpt2

@@ -27,7 +27,11 @@ def lab6_fsdp_on_this_gpu() -> dict:
     what FSDP2 reduced."""
     from distlab.accel import check_strategy, make_accelerator
     from distlab.model import GPT, preset
-    from distlab.parallel import apply_activation_checkpointing, apply_fsdp
+    from distlab.parallel import (
+        FSDP_REDUCE_SCATTER,
+        apply_activation_checkpointing,
+        apply_fsdp,
+    )
     from distlab.runtime import dist_env, pick_device
 
     device = pick_device("cuda", dist_env()[1])
@@ -41,15 +45,17 @@ def lab6_fsdp_on_this_gpu() -> dict:
     model, optimizer = accelerator.prepare(
         model, torch.optim.AdamW(model.parameters(), lr=1e-3)
     )
-    reduced, losses, original = [[], []], [], dist.reduce_scatter_single
+    reduced, losses = [[], []], []
+    original = getattr(dist, FSDP_REDUCE_SCATTER)
 
     def counted(*args, **kwargs):  # FSDP2 reduce-scatters the gradients with this call
         # in the micro-batch under way
-        reduced[len(losses)].append(kwargs["input"].dtype)
+        tensor = kwargs["input"] if "input" in kwargs else args[1]
+        reduced[len(losses)].append(tensor.dtype)
         return original(*args, **kwargs)
 
     gen = torch.Generator(device).manual_seed(dist.get_rank())
-    with mock.patch.object(dist, "reduce_scatter_single", counted):
+    with mock.patch.object(dist, FSDP_REDUCE_SCATTER, counted):
         # accumulate skips the reduce-scatter until the 2nd micro-batch
         for _ in range(2):
             x = torch.randint(

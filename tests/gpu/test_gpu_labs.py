@@ -72,10 +72,9 @@ def losses(records: list[dict]) -> list[float]:
 
 
 def test_lab_1_on_a_gpu_trains_like_lab_1_on_the_cpu(lab1, tmp_path):
-    # the baseline's 20 steps are the warm-up: the same with --steps 30
-    assert losses(lab1["fp32"])[:WARMUP] == pytest.approx(
-        BASELINE["losses"][:WARMUP], rel=FP32_RTOL
-    )
+    # the CPU's baseline, the gradient norms too past the warm-up
+    assert losses(lab1["fp32"]) == pytest.approx(BASELINE["losses"], rel=FP32_RTOL)
+    assert not mismatches(lab1["fp32"], BASELINE["records"], FP32_RTOL, after=WARMUP)
     # bf16: close to fp32 ...
     assert losses(lab1["bf16"]) == pytest.approx(losses(lab1["fp32"]), rel=RTOL["bf16"])
     # ... and not fp32: the run computed in bf16 (beyond fp32's own noise)

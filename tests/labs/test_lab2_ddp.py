@@ -11,14 +11,27 @@ from distlab.exercises import check_loads_ddp_state
 from distlab.infra.launch import RankFailed, run_script
 from distlab.infra.ports import PortInUse
 from distlab.metrics import read_metrics
-from support.labs import BASELINE, each_rank, run_lab
+from support.compare import mismatches
+from support.labs import (
+    BASELINE,
+    BASELINE_RECORDS,
+    FP32_RTOL,
+    WARMUP,
+    each_rank,
+    run_lab,
+)
 
 
 def test_lab2_without_torchrun_is_lab_1(tmp_path):
+    """One process: lab 1's bits, losses and gradient norms (measured: 0 difference).
+    Lab 2 on 2 ranks is held to lab 1 the same way in test_preemption.py, whose
+    uninterrupted run is that run."""
     proc = run_lab("lab2_ddp.py", *BASELINE["args"], "--out", tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert [m["loss"] for m in read_metrics(tmp_path)] == pytest.approx(
-        BASELINE["losses"], rel=1e-5
+    metrics = read_metrics(tmp_path)
+    assert not mismatches(metrics, BASELINE_RECORDS, rtol=FP32_RTOL, after=WARMUP)
+    assert [m["loss"] for m in metrics] == pytest.approx(
+        BASELINE["losses"], rel=FP32_RTOL
     )
 
 

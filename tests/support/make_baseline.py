@@ -2,6 +2,13 @@
 data pipeline or lab 1's loop change on purpose, and say why in the commit.
 
     python tests/support/make_baseline.py
+
+The run warms up over 6 steps, then holds the learning rate at its peak (``--min-lr``
+is the default ``--lr``, 1e-3): past step 5 the schedule no longer depends on
+``--steps``, so the first N steps of any run with these options are the baseline's, and
+a run of 8 steps already has 2 past the warm-up to compare (``support.compare``: a
+gradient N times too large shows only in the gradient norm, and only once the warm-up
+stops scaling the updates).
 """
 
 import json
@@ -12,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).parent
+ROOT = HERE.parents[1]  # the repository
+WARMUP = 6
 ARGS = [
     "--preset",
     "tiny",
@@ -21,6 +30,10 @@ ARGS = [
     "16",
     "--seed",
     "1337",
+    "--warmup-steps",
+    str(WARMUP),
+    "--min-lr",
+    "1e-3",  # the default --lr: constant after the warm-up
     "--eval-every",
     "20",
     "--eval-batches",
@@ -31,14 +44,14 @@ ARGS = [
 ]
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE.parent / "src"))
+    sys.path.insert(0, str(ROOT / "src"))
     from distlab.metrics import read_metrics
 
     out = tempfile.mkdtemp()
     subprocess.run(
         [
             sys.executable,
-            str(HERE.parent / "src/labs/lab1_single.py"),
+            str(ROOT / "src" / "labs" / "lab1_single.py"),
             *ARGS,
             "--out",
             out,
@@ -46,11 +59,21 @@ if __name__ == "__main__":
         check=True,
         env=os.environ,
     )
+    metrics = read_metrics(out)
     baseline = {
-        "description": "lab 1, tiny preset, fp32 on CPU: the first 20 training losses",
+        "description": (
+            "lab 1, tiny preset, fp32 on CPU, 20 steps: a 6-step warm-up, then the "
+            "learning rate constant at its peak (so any prefix of a run with these "
+            "args is this run); each step's training loss and gradient norm"
+        ),
         "args": ARGS,
         "abs_tolerance": 1e-4,
-        "losses": [m["loss"] for m in read_metrics(out)],
+        "warmup_steps": WARMUP,
+        "losses": [m["loss"] for m in metrics],
+        "records": [
+            {"step": m["step"], "loss": m["loss"], "grad_norm": m["grad_norm"]}
+            for m in metrics
+        ],
     }
     (HERE / "baselines" / "lab1_tiny_fp32.json").write_text(
         json.dumps(baseline, indent=1) + "\n"

@@ -39,3 +39,14 @@ def test_bytes_sent_per_step_from_the_parameter_count():
     assert sent_bytes_per_step(ddp) == pytest.approx(2 * 3 / 4 * 4000)
     assert sent_bytes_per_step(fsdp) == pytest.approx(5 * 3 / 4 * 4000)
     assert sent_bytes_per_step({**fsdp, "world_size": 1}) == 0
+
+
+def test_a_command_as_shell_lines_keeps_each_option_with_its_value():
+    import shlex
+
+    from distlab.bench.report import GPU_COMMAND, as_shell
+
+    shown = as_shell(GPU_COMMAND)
+    assert all(len(line) <= 82 for line in shown.splitlines())
+    assert shlex.split(shown.replace("\\\n", " ")) == GPU_COMMAND.split()
+    assert all(line.strip().startswith("--") for line in shown.splitlines()[1:])

@@ -37,13 +37,17 @@ WARMUP = 5  # the first compiles; the next settle the allocator
 
 def busy_us(events) -> float:
     """Microseconds during which at least one GPU kernel ran (overlaps counted once)."""
-    spans = sorted(
+    return union_us(
         (e.time_range.start, e.time_range.end)
         for e in events
-        if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
+        if e.device_type == DeviceType.CUDA
     )
+
+
+def union_us(spans) -> float:
+    """The length of the union of (start, end) spans: overlaps counted once."""
     total, end = 0.0, float("-inf")
-    for start, stop in spans:
+    for start, stop in sorted(s for s in spans if s[1] > s[0]):
         if stop > end:
             total += stop - max(start, end)
             end = stop

@@ -6,6 +6,7 @@ the command line of one benchmark run.
     lab_options("lab1_single")              # {"preset", "steps", ...}
     lab_args("lab4_fsdp2", workload, out)   # ["--preset", "tiny", ...]
     check_options_exist(workload, {"lab2_ddp"})  # before anything runs
+    run_here("lab4_fsdp2", ["--preset", "tiny"])  # as __main__, in this process
 
 ``distlab.bench.labs`` plans, runs and records the runs; tests that read a lab's
 ``TrainConfig`` load the script here.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import runpy
 import sys
 import types
 from pathlib import Path
@@ -50,6 +52,23 @@ def load_lab(lab: str) -> types.ModuleType:
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def run_here(lab: str, args: list[str]) -> int:
+    """Run a lab script as ``python src/labs/<lab>.py ARGS`` would, but in this process
+    (one rank, no torchrun), so that the caller can watch it: a profiler, a global
+    module hook. Returns its exit status."""
+    argv = sys.argv
+    sys.argv = [str(lab_path(lab)), *map(str, args)]
+    try:
+        runpy.run_path(str(lab_path(lab)), run_name="__main__")
+    except SystemExit as stop:  # a UserError ends a lab with sys.exit("...")
+        if stop.code not in (None, 0):
+            print(stop.code, file=sys.stderr)
+            return stop.code if isinstance(stop.code, int) else 1
+    finally:
+        sys.argv = argv
+    return 0
 
 
 def lab_options(lab: str) -> set[str]:

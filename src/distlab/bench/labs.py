@@ -4,9 +4,9 @@
         --ranks 1 2 4
     python -m distlab.bench --labs 1 2 --ranks 1 2 --preset tiny --steps 5 \\
         --out /tmp/b.json
-    # 2 GPUs; again with --compile
-    python -m distlab.bench --device cuda --preset gpt2 --dtype bf16 --batch-size 32 \
-        --micro-batch-size 16 --log-every 10 --steps 30 --ranks 1 2
+    # 2 GPUs, 64 sequences each; again with --compile
+    python -m distlab.bench --device cuda --preset gpt2 --dtype bf16 --batch-size 128 \\
+        --micro-batch-size 64 --log-every 10 --steps 30 --ranks 1 2
 
 Each run is a real run of a lab script, ``src/labs/labN_*.py``, launched as torchrun
 would launch it, with the same options for every lab: model preset, global batch, steps,

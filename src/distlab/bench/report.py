@@ -197,9 +197,22 @@ def print_targets(result: dict) -> None:
 # every 10 steps. On more GPUs: their count in --ranks, a --batch-size that grows with
 # it; and once more with --compile (its own file).
 GPU_COMMAND = (
-    "python -m distlab.bench --device cuda --preset gpt2 --dtype bf16 --batch-size 16 "
-    "--micro-batch-size 16 --log-every 10 --steps 30 --repeats 3 --ranks 1"
+    "python -m distlab.bench --device cuda --preset gpt2 --dtype bf16 --batch-size 64 "
+    "--micro-batch-size 64 --log-every 10 --steps 30 --repeats 3 --ranks 1"
 )
+
+
+def as_shell(command: str, width: int = 78) -> str:
+    """``command`` as shell lines of at most ``width`` characters, broken between
+    options (an option keeps its value), continued with backslashes."""
+    program, *options = command.split(" --")
+    lines = [program]
+    for option in ("--" + o for o in options):
+        if len(lines[-1]) + 1 + len(option) > width:
+            lines.append(option)
+        else:
+            lines[-1] += " " + option
+    return " \\\n    ".join(lines)
 
 
 def _fmt(x: float | None) -> str:

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from distlab.exercises._common import on_ranks, passed, rank_device, require_callable
+from distlab.parallel import FSDP_REDUCE_SCATTER
 
 MICRO_BATCHES = 4
 ROWS_PER_MICRO_BATCH = 2
@@ -40,16 +41,16 @@ def _lab6_step(accelerator, sync_context: Callable | None) -> dict:
         generator=torch.Generator().manual_seed(0),
     ).to(rank_device())
     mine = slice(rank * rows, (rank + 1) * rows)
-    # count the reduce-scatters FSDP2 issues (it calls dist.reduce_scatter_single); the
-    # profiler would tell the same, at seconds of overhead per step
+    # count the reduce-scatters FSDP2 issues (dist.reduce_scatter_single in torch 2.13);
+    # the profiler would tell the same, at seconds of overhead per step
     calls = [0]
-    original = dist.reduce_scatter_single
+    original = getattr(dist, FSDP_REDUCE_SCATTER)
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return original(*args, **kwargs)
 
-    with mock.patch.object(dist, "reduce_scatter_single", counted):
+    with mock.patch.object(dist, FSDP_REDUCE_SCATTER, counted):
         for xm, ym in zip(
             x[mine].split(ROWS_PER_MICRO_BATCH), y[mine].split(ROWS_PER_MICRO_BATCH)
         ):

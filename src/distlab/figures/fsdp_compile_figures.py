@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import re
-
-from distlab.flops import DATASHEET_PEAKS, flops_per_token
+from distlab.flops import datasheet_entry, flops_per_token
 from distlab.model import preset
 
 LABEL = 16  # a 5.2-inch figure shown 360 px wide: 16 pt is about 11 px
@@ -143,14 +141,8 @@ def compute_share(bench: dict) -> dict:
     step_flops = model_flops * (4 / 3 if s["ac"] == "full" else 1.0)
     gpu = " ".join(p.get("gpu_names") or [p["machine"]])
     precision = "bf16" if s["dtype"] == "bf16" else "tf32"
-    sheet = next(
-        (
-            (g, peaks[precision])
-            for pat, g, peaks in DATASHEET_PEAKS
-            if re.search(pat, gpu)
-        ),
-        None,
-    )
+    entry = datasheet_entry(gpu)
+    sheet = (entry[0], entry[1][precision]) if entry else None
     runs = []
     for r in bench["runs"]:
         achieved = step_flops / r["median_step_s"]
