@@ -25,7 +25,7 @@ from support.gpu import (
     lab_losses,
     lab_records,
 )
-from support.labs import BASELINE
+from support.labs import BASELINE, BASELINE_LOSSES
 
 pytestmark = GPU_MODULE
 
@@ -73,7 +73,7 @@ def losses(records: list[dict]) -> list[float]:
 
 def test_lab_1_on_a_gpu_trains_like_lab_1_on_the_cpu(lab1, tmp_path):
     # the CPU's baseline, the gradient norms too past the warm-up
-    assert losses(lab1["fp32"]) == pytest.approx(BASELINE["losses"], rel=FP32_RTOL)
+    assert losses(lab1["fp32"]) == pytest.approx(BASELINE_LOSSES, rel=FP32_RTOL)
     assert not mismatches(lab1["fp32"], BASELINE["records"], FP32_RTOL, after=WARMUP)
     # bf16: close to fp32 ...
     assert losses(lab1["bf16"]) == pytest.approx(losses(lab1["fp32"]), rel=RTOL["bf16"])

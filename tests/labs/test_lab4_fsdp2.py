@@ -12,6 +12,7 @@ from distlab.metrics import read_metrics, read_summary
 from support.compare import computed_in_low_precision, mismatches, precision_gap
 from support.labs import (
     BASELINE,
+    BASELINE_LOSSES,
     BASELINE_RECORDS,
     FP32_RTOL,
     WARMUP,
@@ -38,9 +39,7 @@ def test_four_ranks_match_lab_1(tmp_path):
     metrics = read_metrics(tmp_path)
     # lab 2 (DDP) is held to the same list
     assert not mismatches(metrics, BASELINE_RECORDS, rtol=FP32_RTOL, after=WARMUP)
-    assert [m["loss"] for m in metrics] == pytest.approx(
-        BASELINE["losses"], rel=FP32_RTOL
-    )
+    assert [m["loss"] for m in metrics] == pytest.approx(BASELINE_LOSSES, rel=FP32_RTOL)
     summary = read_summary(tmp_path)
     assert summary["world_size"] == nprocs and summary["strategy"].startswith("fsdp2")
     assert summary["accum_steps"] == 2
@@ -59,9 +58,7 @@ def test_lab4_without_torchrun_is_lab_1(tmp_path):
     assert proc.returncode == 0, proc.stderr
     metrics = read_metrics(tmp_path)
     assert not mismatches(metrics, BASELINE_RECORDS, rtol=FP32_RTOL, after=WARMUP)
-    assert [m["loss"] for m in metrics] == pytest.approx(
-        BASELINE["losses"], rel=FP32_RTOL
-    )
+    assert [m["loss"] for m in metrics] == pytest.approx(BASELINE_LOSSES, rel=FP32_RTOL)
 
 
 def test_bf16_comes_from_the_fsdp2_policy_alone_and_trains_like_fp32(tmp_path):

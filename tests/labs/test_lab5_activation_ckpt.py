@@ -12,6 +12,7 @@ from distlab.metrics import read_metrics, read_summary
 from support.compare import mismatches
 from support.labs import (
     BASELINE,
+    BASELINE_LOSSES,
     BASELINE_RECORDS,
     FP32_RTOL,
     WARMUP,
@@ -44,7 +45,7 @@ def test_lab5_gradients_and_losses_equal_lab_1_with_and_without_checkpointing(tm
         metrics = read_metrics(out)
         assert not mismatches(metrics, BASELINE_RECORDS, rtol=FP32_RTOL, after=WARMUP)
         assert [m["loss"] for m in metrics] == pytest.approx(
-            BASELINE["losses"], rel=FP32_RTOL
+            BASELINE_LOSSES, rel=FP32_RTOL
         )
         grad_norms[mode] = [m["grad_norm"] for m in metrics]
         assert read_summary(out)["strategy"] == f"fsdp2+accumulation+ac-{mode}"

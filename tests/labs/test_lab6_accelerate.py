@@ -110,7 +110,7 @@ def test_ddp_under_torchrun_and_accelerate_launch_equals_lab_1_and_resumes(tmp_p
     assert sorted(resumed) == list(range(5, 10))
     lab1 = {s: LAB1_LOSSES[s] for s in resumed}
     assert resumed == pytest.approx(lab1, rel=FP32_RTOL)
-    assert not norms_off(first)
+    assert not norms_off(first)  # the resumed run's records, now in OUT
 
 
 def test_one_process_under_python_and_accelerate_launch_is_lab_1(tmp_path):

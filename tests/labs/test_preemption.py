@@ -18,6 +18,7 @@ from distlab.metrics import read_metrics
 from support.compare import mismatches
 from support.labs import (
     BASELINE,
+    BASELINE_LOSSES,
     BASELINE_RECORDS,
     FP32_RTOL,
     WARMUP,
@@ -58,9 +59,7 @@ def test_sigterm_to_torchrun_saves_and_resume_auto_trains_as_if_never_stopped(
     # page compares the losses only). Measured: 1.3e-7 and 1.1e-7
     records = read_metrics(whole)
     assert not mismatches(records, BASELINE_RECORDS, rtol=FP32_RTOL, after=WARMUP)
-    assert [m["loss"] for m in records] == pytest.approx(
-        BASELINE["losses"], rel=FP32_RTOL
-    )
+    assert [m["loss"] for m in records] == pytest.approx(BASELINE_LOSSES, rel=FP32_RTOL)
 
     out = tmp_path / "stopped"
     with ended(start_lab("lab2_ddp.py", *RANKS, "--out", out, nprocs=2)) as (run,):
@@ -127,7 +126,7 @@ def test_lab1_and_lab6_stop_on_sigusr1_and_go_on(tmp_path):
         assert len(records) == 20, (script, steps)
         # lab 1 is the baseline; lab 6 on one process, within the labs' tolerance
         # (measured, never stopped: 1.2e-7 in the losses, 1.7e-7 in the gradient norms)
-        for got, want in zip(records, BASELINE["losses"], strict=True):
+        for got, want in zip(records, BASELINE_LOSSES, strict=True):
             assert abs(got["loss"] - want) <= FP32_RTOL * abs(want), (script, steps)
         assert not mismatches(
             records, BASELINE_RECORDS, rtol=FP32_RTOL, after=WARMUP

@@ -40,14 +40,14 @@ import torch
 
 from distlab.infra.launch import run_script
 from distlab.metrics import read_metrics
-from support.labs import BASELINE, baseline_args
+from support.labs import BASELINE, BASELINE_LOSSES, baseline_args
 
 FP32_RTOL, BF16_RTOL = 1e-4, 5e-3
 RTOL = {"fp32": FP32_RTOL, "bf16": BF16_RTOL}
 # the baseline's steps: a short warm-up, then a constant learning rate (its --min-lr is
 # its --lr), so that a shorter run is a prefix of it; the gradient norms are compared
 # past the warm-up (support.compare: a gradient N times too large hides in the losses)
-WARMUP, STEPS = BASELINE["warmup_steps"], len(BASELINE["losses"])
+WARMUP, STEPS = BASELINE["warmup_steps"], len(BASELINE_LOSSES)
 GLOBAL_BATCH = 16  # the baseline's
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 # "every GPU of the machine": all of them, or the most that split the global

@@ -21,6 +21,7 @@ BASELINE = json.loads((BASELINES / "lab1_tiny_fp32.json").read_text())
 # {"step", "loss", "grad_norm"} of each of its steps; with its constant learning rate
 # after the warm-up, the first N of them are any N-step run's with the same options
 BASELINE_RECORDS = BASELINE["records"]
+BASELINE_LOSSES = [r["loss"] for r in BASELINE_RECORDS]
 # the steps before this one are the warm-up's: compare gradient norms from here on
 WARMUP = BASELINE["warmup_steps"]
 # how far, relative, an fp32 CPU run of any lab may part from the baseline, in loss and

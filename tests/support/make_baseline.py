@@ -69,7 +69,6 @@ if __name__ == "__main__":
         "args": ARGS,
         "abs_tolerance": 1e-4,
         "warmup_steps": WARMUP,
-        "losses": [m["loss"] for m in metrics],
         "records": [
             {"step": m["step"], "loss": m["loss"], "grad_norm": m["grad_norm"]}
             for m in metrics
@@ -78,4 +77,4 @@ if __name__ == "__main__":
     (HERE / "baselines" / "lab1_tiny_fp32.json").write_text(
         json.dumps(baseline, indent=1) + "\n"
     )
-    print(baseline["losses"])
+    print([r["loss"] for r in baseline["records"]])

@@ -347,8 +347,8 @@ def main(argv: list[str] | None = None) -> dict:
     device = pick_device(args.device)  # cuda without a GPU: an error that says why
     out = Path(args.out) if args.out else default_out(device)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"provenance": environment(device, argv), "settings": vars(args) | {}}
-    result["settings"]["out"] = str(out)
+    result = {"provenance": environment(device, argv)}
+    result["settings"] = {**vars(args), "out": str(out)}
     path = out / "gpu_check.json"
     stages = [("throughput", throughput), ("profile", profile_lab4)]
     if not args.skip_suite:
