@@ -14,6 +14,8 @@ import functools
 import http.server
 import os
 import threading
+import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -34,6 +36,8 @@ CHROMIUM_ARGS = [
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}  # an iPhone 14's CSS pixels
 LOAD_TIMEOUT_MS = 120_000  # a bound against a hang, not a measure of speed
+QUIET_S = 0.5  # no request in flight for this long: the page's network has gone quiet
+LOAD_TRIES = 2  # a page whose network never goes quiet is loaded afresh once
 
 
 def chromium_path() -> str:
@@ -58,7 +62,14 @@ def serve(folder: Path):
     """Serve `folder` over HTTP on a free port of 127.0.0.1 (port 0: the kernel picks
     one, so two test runs at once never collide); yields the base URL, ending in '/'."""
     handler = functools.partial(_QuietHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+
+    class Server(http.server.ThreadingHTTPServer):
+        # socketserver's default backlog of 5 is less than the connections the crawl's
+        # browsers open at once (3 Chromiums, up to 6 each to one host); a connection
+        # past the backlog is dropped and retried by TCP after 1, 3, 7, ... seconds
+        request_queue_size = 128
+
+    server = Server(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -133,6 +144,26 @@ def is_local(url: str) -> bool:
     return parts.scheme in ("data", "blob", "about") or parts.hostname == "127.0.0.1"
 
 
+# What the page still does after its `load` event besides fetching (the fetches, the
+# widgets' require.js modules among them, are waited for by _wait_until_quiet):
+# MathJax's typesetting, the fonts. Waits for both, at most `ms`; returns what had not
+# finished.
+_READY = """(ms) => Promise.race([
+  (async () => {
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise)
+      await MathJax.startup.promise;
+    await document.fonts.ready;
+    return [];
+  })(),
+  new Promise(done => setTimeout(() => done([
+    ...(window.MathJax && MathJax.startup ? ["MathJax typesetting"] : []),
+    ...(document.fonts.status === "loading" ? ["fonts"] : [])]), ms))])"""
+
+
+class Unsettled(Exception):
+    """A page that was still fetching, or typesetting, when its time was up."""
+
+
 def visit(
     context,
     url: str,
@@ -140,14 +171,66 @@ def visit(
     screenshots: Path | None = None,
     inspect=None,
 ) -> dict:
-    """Load `url` once in a new tab of `context` (a playwright BrowserContext) and
-    record it at each viewport of `views` ({"desktop": {"width": .., "height": ..},
-    ...}; the page is resized, not reloaded), with a screenshot of each in
-    `screenshots/<view>/`. Requests for other hosts are aborted, so a test run never
-    depends on the network. `inspect(page)`, if given, runs last and its result is
-    returned under "facts". Returns {view: Visit, "facts": ...}."""
+    """Load `url` in a new tab of `context` (a playwright BrowserContext) and record it
+    at each viewport of `views` ({"desktop": {"width": .., "height": ..}, ...}; the page
+    is resized, not reloaded), with a screenshot of each in `screenshots/<view>/`.
+    Requests for other hosts are aborted, so a test run never depends on the network.
+    `inspect(page)`, if given, runs last and its result is returned under "facts".
+    Returns {view: Visit, "facts": ...}.
+
+    The page is read once its network has gone quiet: no request in flight for
+    QUIET_S, counted on the requests the page makes. (Playwright's own "networkidle"
+    twice never came in 120 s, once on CI, in about ten runs of the suite, and said
+    nothing of why; Playwright's documentation discourages it.) A page
+    still fetching after LOAD_TIMEOUT_MS is loaded afresh in a new tab, with a warning
+    that names what it was waiting for; after LOAD_TRIES, the error names it."""
+    stalls = []
+    for _ in range(LOAD_TRIES):
+        try:
+            seen = _visit_once(context, url, views, screenshots, inspect)
+        except Unsettled as e:
+            stalls.append(str(e))
+            continue
+        for stall in stalls:
+            warnings.warn(f"{url} loaded afresh: {stall}", stacklevel=2)
+        return seen
+    raise RuntimeError(
+        f"{url} never settled in {LOAD_TRIES} tries: " + "; ".join(stalls)
+    )
+
+
+def _wait_until_quiet(page, in_flight: dict, last_change: list[float]) -> None:
+    """Poll until no request of `page` has been in flight for QUIET_S; raise
+    Unsettled naming the requests still in flight after LOAD_TIMEOUT_MS."""
+    deadline = time.monotonic() + LOAD_TIMEOUT_MS / 1000
+    while in_flight or time.monotonic() - last_change[0] < QUIET_S:
+        if time.monotonic() > deadline:
+            now = time.monotonic()
+            pending = [f"{u} (for {now - t:.0f} s)" for u, t in in_flight.values()]
+            raise Unsettled(
+                f"{len(pending)} requests in flight after {LOAD_TIMEOUT_MS // 1000} s: "
+                + ", ".join(pending[:5])
+            )
+        page.wait_for_timeout(100)  # also lets playwright deliver the request events
+
+
+def _visit_once(context, url, views, screenshots, inspect) -> dict:
     page = context.new_page()
     errors = Visit(url)  # what happens while loading belongs to every view
+    in_flight = {}  # request: (url, when it started)
+    last_change = [time.monotonic()]
+
+    def started(r):
+        in_flight[r] = (r.url, time.monotonic())
+        last_change[0] = time.monotonic()
+
+    def ended(r):
+        in_flight.pop(r, None)
+        last_change[0] = time.monotonic()
+
+    page.on("request", started)
+    page.on("requestfinished", ended)
+    page.on("requestfailed", ended)
 
     def route(r):
         if is_local(r.request.url):
@@ -187,8 +270,10 @@ def visit(
         # generous: the crawl runs beside the rest of the suite on 2 busy cores, where
         # a page with widgets and MathJax once took over 30 s to settle
         page.goto(url, wait_until="load", timeout=LOAD_TIMEOUT_MS)
-        # MathJax fonts, widget views
-        page.wait_for_load_state("networkidle", timeout=LOAD_TIMEOUT_MS)
+        typesetting = page.evaluate(_READY, LOAD_TIMEOUT_MS)
+        if typesetting:
+            raise Unsettled(f"still waiting for {', '.join(typesetting)}")
+        _wait_until_quiet(page, in_flight, last_change)
         for view, size in views.items():
             page.set_viewport_size(size)
             # the sidebars slide when the width crosses a breakpoint

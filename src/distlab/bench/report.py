@@ -284,14 +284,14 @@ def gpu_runs_table(result: dict) -> list[dict]:
 def gpu_section(results: dict[str, dict]) -> list:
     """What the page's GPU section shows, in order (a str is printed, a list of rows is
     a table): the recordings side by side and each GPU recording's runs; with none, that
-    plainly, and the command."""
+    plainly (the page prints GPU_COMMAND once, after this)."""
     gpu = {name: r for name, r in results.items() if r["workload"]["device"] == "cuda"}
     if not gpu:
         return [
             "No GPU recording has been made yet: every figure on this page was "
-            "measured on the CPU machine "
-            "above. On a machine with CUDA GPUs, this makes one "
-            f"(results/bench/cuda_gpt2_bf16.json):\n  {GPU_COMMAND}"
+            "measured on the CPU machine above. On a machine with CUDA GPUs, "
+            "the command printed at the end of this section makes one, "
+            "results/bench/cuda_gpt2_bf16.json."
         ]
     shown: list = [recordings_table(results)]
     for name, r in gpu.items():
