@@ -1,5 +1,6 @@
 """What a run writes: ``metrics.jsonl`` (a line per logged step) and ``summary.json``;
-and ``LogWindow``, which decides the logged steps and times the steps between them."""
+``LogWindow``, which decides the logged steps and times the steps between them; and
+``largest_differences``, how a lab page holds one run's metrics to another's."""
 
 from __future__ import annotations
 
@@ -157,3 +158,17 @@ def read_metrics(out_dir: str | Path) -> list[dict]:
 
 def read_summary(out_dir: str | Path) -> dict:
     return json.loads((Path(out_dir) / "summary.json").read_text())
+
+
+def largest_differences(
+    run: list[dict], reference: list[dict], keys=("loss", "grad_norm")
+) -> dict[str, float]:
+    """The largest relative difference of each of ``keys`` between two runs'
+    ``read_metrics`` records, step by step; the runs must have logged the same steps."""
+    steps = [m["step"] for m in run], [m["step"] for m in reference]
+    if steps[0] != steps[1]:
+        raise ValueError(f"the runs logged different steps: {steps[0]} and {steps[1]}")
+    return {
+        key: max(abs(a[key] - b[key]) / abs(b[key]) for a, b in zip(run, reference))
+        for key in keys
+    }

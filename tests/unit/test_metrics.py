@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from distlab.errors import UserError
-from distlab.metrics import LogWindow
+from distlab.metrics import LogWindow, largest_differences
 
 CPU = torch.device("cpu")
 
@@ -105,3 +105,17 @@ def test_the_saves_seconds_stay_out_of_tokens_per_s(monkeypatch):
     # a window that does not know the saves times them (review gpu.md #1: halved)
     assert timed_run(monkeypatch, checkpoint_every=0) < 50.0
     assert timed_run(monkeypatch, checkpoint_every=4, save_s=0.0) == 100.0
+
+
+def test_largest_differences_are_relative_to_the_reference_and_need_the_same_steps():
+    reference = [
+        {"step": 0, "loss": 2.0, "grad_norm": 1.0},
+        {"step": 1, "loss": 4.0, "grad_norm": -2.0},
+    ]
+    run = [
+        {"step": 0, "loss": 2.0, "grad_norm": 2.0},
+        {"step": 1, "loss": 5.0, "grad_norm": -2.0},
+    ]
+    assert largest_differences(run, reference) == {"loss": 0.25, "grad_norm": 1.0}
+    with pytest.raises(ValueError, match="different steps"):
+        largest_differences(run[:1], reference)

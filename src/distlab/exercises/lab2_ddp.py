@@ -1,10 +1,8 @@
 """Lab 2's exercise 3 (load a state dict saved from the DDP wrapper into a plain GPT),
-the rows each rank takes, which the page draws, and one optimizer step with a gradient
-N times too large (exercise 4).
+and the rows each rank takes, which the page draws.
 
     rank_of_rows(8, (1, 2))  # {1: [0, 0, ...], 2: [0, 0, 0, 0, 1, 1, 1, 1]}
     check_loads_ddp_state(load)  # exercise 3's checker
-    one_step(grad_scale=2.0, clip=1.0)  # (gradient norm, the weights' change)
 """
 
 from __future__ import annotations
@@ -40,30 +38,6 @@ def rank_of_rows(
                     owner[row] = rank
         owners[world_size] = owner
     return owners
-
-
-def one_step(
-    grad_scale: float, clip: float, lr: float = 3e-3
-) -> tuple[float, torch.Tensor]:
-    """One AdamW step of the `tiny` GPT from its seeded weights, on the first batch of
-    8 rows, with the gradient multiplied by ``grad_scale`` (2: summed over 2 ranks
-    instead of averaged) and clipped at norm ``clip`` as the labs do (``math.inf``:
-    not clipped). Returns the gradient's norm before clipping and the change of every
-    weight, flattened."""
-    from distlab.data import token_data
-
-    model = gpt("tiny")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
-    before = torch.cat([p.detach().flatten() for p in model.parameters()])
-    x, y = token_data().batch("train", 0, 8, model.config.block_size, 1337, 0, 1)
-    _, loss = model(x, y)
-    loss.backward()
-    for p in model.parameters():
-        p.grad *= grad_scale
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    optimizer.step()
-    after = torch.cat([p.detach().flatten() for p in model.parameters()])
-    return norm.item(), after - before
 
 
 def _cpu_copy(state: dict) -> dict:
