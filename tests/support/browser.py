@@ -57,19 +57,19 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    # socketserver's default backlog of 5 is less than the connections the crawl's
+    # browsers open at once (3 Chromiums, up to 6 each to one host); a connection past
+    # the backlog is dropped and retried by TCP after 1, 3, 7, ... seconds
+    request_queue_size = 128
+
+
 @contextlib.contextmanager
 def serve(folder: Path):
     """Serve `folder` over HTTP on a free port of 127.0.0.1 (port 0: the kernel picks
     one, so two test runs at once never collide); yields the base URL, ending in '/'."""
     handler = functools.partial(_QuietHandler, directory=str(folder))
-
-    class Server(http.server.ThreadingHTTPServer):
-        # socketserver's default backlog of 5 is less than the connections the crawl's
-        # browsers open at once (3 Chromiums, up to 6 each to one host); a connection
-        # past the backlog is dropped and retried by TCP after 1, 3, 7, ... seconds
-        request_queue_size = 128
-
-    server = Server(("127.0.0.1", 0), handler)
+    server = _Server(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -206,7 +206,7 @@ def _wait_until_quiet(page, in_flight: dict, last_change: list[float]) -> None:
     while in_flight or time.monotonic() - last_change[0] < QUIET_S:
         if time.monotonic() > deadline:
             now = time.monotonic()
-            pending = [f"{u} (for {now - t:.0f} s)" for u, t in in_flight.values()]
+            pending = [f"{r.url} (for {now - t:.0f} s)" for r, t in in_flight.items()]
             raise Unsettled(
                 f"{len(pending)} requests in flight after {LOAD_TIMEOUT_MS // 1000} s: "
                 + ", ".join(pending[:5])
@@ -217,11 +217,11 @@ def _wait_until_quiet(page, in_flight: dict, last_change: list[float]) -> None:
 def _visit_once(context, url, views, screenshots, inspect) -> dict:
     page = context.new_page()
     errors = Visit(url)  # what happens while loading belongs to every view
-    in_flight = {}  # request: (url, when it started)
+    in_flight = {}  # request: when it started
     last_change = [time.monotonic()]
 
     def started(r):
-        in_flight[r] = (r.url, time.monotonic())
+        in_flight[r] = time.monotonic()
         last_change[0] = time.monotonic()
 
     def ended(r):
